@@ -1,0 +1,352 @@
+// Package clientapi is the HTTP face of the client-server API: it decodes
+// requests, calls package keyserver and encodes the answers. No rule of the
+// domain lives here.
+package clientapi
+
+import (
+	"crypto/subtle"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/keyserver"
+)
+
+// Options configure the client API.
+type Options struct {
+	MaxRequestBytes int64
+	// AdminToken authenticates the admin API; empty disables it.
+	AdminToken string
+	Logger     logrus.FieldLogger
+}
+
+// API serves the client-server API.
+type API struct {
+	ks   *keyserver.Service
+	opts Options
+}
+
+// specVersions are the client-server API versions this server speaks.
+var specVersions = []string{
+	"r0.0.1", "r0.1.0", "r0.2.0", "r0.3.0", "r0.4.0", "r0.5.0", "r0.6.0", "r0.6.1",
+	"v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6", "v1.7", "v1.8", "v1.9", "v1.10",
+	"v1.11", "v1.12", "v1.13", "v1.14", "v1.15", "v1.16", "v1.17", "v1.18", "v1.19",
+}
+
+// NewHandler returns the client API's HTTP handler.
+func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = 1 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = logrus.StandardLogger()
+	}
+	a := &API{ks: ks, opts: opts}
+	r := mux.NewRouter()
+	// Path parameters are user and room IDs that clients percent-encode and
+	// that may contain '/'; match on the encoded path and decode each value.
+	r.UseEncodedPath()
+	r.NotFoundHandler = httpx.NotFoundHandler()
+	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
+
+	r.Handle("/_matrix/client/versions", a.public(a.versions)).Methods(http.MethodGet)
+	// Full paths rather than subrouters: a subrouter would answer a known
+	// path with the wrong method 404 instead of 405.
+	for _, prefix := range []string{"/_matrix/client/v3", "/_matrix/client/r0"} {
+		s := prefixed{r, prefix}
+		s.Handle("/register", a.public(a.register)).Methods(http.MethodPost)
+		s.Handle("/register/available", a.public(a.available)).Methods(http.MethodGet)
+		s.Handle("/login", a.public(a.loginFlows)).Methods(http.MethodGet)
+		s.Handle("/login", a.public(a.login)).Methods(http.MethodPost)
+		s.Handle("/logout", a.authed(a.logout)).Methods(http.MethodPost)
+		s.Handle("/logout/all", a.authed(a.logoutAll)).Methods(http.MethodPost)
+		s.Handle("/account/whoami", a.authed(a.whoami)).Methods(http.MethodGet)
+		s.Handle("/devices", a.authed(a.devices)).Methods(http.MethodGet)
+		s.Handle("/devices/{deviceId}", a.authed(a.device)).Methods(http.MethodGet)
+		s.Handle("/devices/{deviceId}", a.authed(a.renameDevice)).Methods(http.MethodPut)
+		s.Handle("/devices/{deviceId}", a.authed(a.deleteDevice)).Methods(http.MethodDelete)
+		s.Handle("/delete_devices", a.authed(a.deleteDevices)).Methods(http.MethodPost)
+		s.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
+		// r0 clients may name their device in the path; the token decides.
+		s.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/query", a.authed(a.queryKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
+		s.Handle("/sync", a.authed(a.sync)).Methods(http.MethodGet)
+	}
+	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
+	return httpx.Middleware(opts.Logger, "client", httpx.CORS(r))
+}
+
+type prefixed struct {
+	r      *mux.Router
+	prefix string
+}
+
+func (p prefixed) Handle(path string, h http.Handler) *mux.Route {
+	return p.r.Handle(p.prefix+path, h)
+}
+
+// handler is an endpoint: it returns the 200 body or an error.
+type handler func(r *http.Request) (any, error)
+
+type authedHandler func(r *http.Request, c keyserver.Caller) (any, error)
+
+func (a *API) public(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := h(r)
+		if err != nil {
+			httpx.Error(w, r, err)
+			return
+		}
+		httpx.JSON(w, http.StatusOK, body)
+	})
+}
+
+func (a *API) authed(h authedHandler) http.Handler {
+	return a.public(func(r *http.Request) (any, error) {
+		c, err := a.ks.Authenticate(r.Context(), accessToken(r))
+		if err != nil {
+			return nil, err
+		}
+		return h(r, c)
+	})
+}
+
+// admin guards the admin API with the configured token.
+func (a *API) admin(h handler) http.Handler {
+	return a.public(func(r *http.Request) (any, error) {
+		if a.opts.AdminToken == "" {
+			return nil, mxerr.Forbidden("the admin API is disabled: no admin_token is configured")
+		}
+		tok := bearer(r)
+		if tok == "" {
+			return nil, mxerr.MissingToken("missing admin token")
+		}
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(a.opts.AdminToken)) != 1 {
+			return nil, mxerr.UnknownToken("wrong admin token")
+		}
+		return h(r)
+	})
+}
+
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "Bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// accessToken takes the token from the Authorization header, or else from
+// the deprecated access_token query parameter.
+func accessToken(r *http.Request) string {
+	if t := bearer(r); t != "" {
+		return t
+	}
+	return r.URL.Query().Get("access_token")
+}
+
+// pathVar returns a decoded path parameter.
+func pathVar(r *http.Request, name string) (string, error) {
+	v, err := url.PathUnescape(mux.Vars(r)[name])
+	if err != nil {
+		return "", mxerr.InvalidParam("bad percent-encoding in %s", name)
+	}
+	return v, nil
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func (a *API) decode(r *http.Request, v any) error {
+	return httpx.ReadJSON(r, a.opts.MaxRequestBytes, v, false)
+}
+
+// decodeOptional accepts an empty body as {}.
+func (a *API) decodeOptional(r *http.Request, v any) error {
+	return httpx.ReadJSON(r, a.opts.MaxRequestBytes, v, true)
+}
+
+var empty = struct{}{}
+
+func (a *API) versions(r *http.Request) (any, error) {
+	return map[string]any{"versions": specVersions, "unstable_features": map[string]bool{}}, nil
+}
+
+func (a *API) register(r *http.Request) (any, error) {
+	var req keyserver.RegisterRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	req.Kind = r.URL.Query().Get("kind")
+	req.IP = remoteIP(r)
+	return a.ks.Register(r.Context(), req)
+}
+
+func (a *API) available(r *http.Request) (any, error) {
+	u := r.URL.Query().Get("username")
+	if u == "" {
+		return nil, mxerr.MissingParam("username is required")
+	}
+	if err := a.ks.Available(r.Context(), u); err != nil {
+		return nil, err
+	}
+	return map[string]bool{"available": true}, nil
+}
+
+func (a *API) loginFlows(r *http.Request) (any, error) {
+	return map[string]any{"flows": []any{map[string]string{"type": "m.login.password"}}}, nil
+}
+
+func (a *API) login(r *http.Request) (any, error) {
+	var req keyserver.LoginRequest
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	req.IP = remoteIP(r)
+	return a.ks.Login(r.Context(), req)
+}
+
+func (a *API) logout(r *http.Request, c keyserver.Caller) (any, error) {
+	return empty, a.ks.Logout(r.Context(), c)
+}
+
+func (a *API) logoutAll(r *http.Request, c keyserver.Caller) (any, error) {
+	return empty, a.ks.LogoutAll(r.Context(), c)
+}
+
+func (a *API) whoami(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"user_id": c.UserID, "device_id": c.DeviceID, "is_guest": false}, nil
+}
+
+func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
+	ds, err := a.ks.Devices(r.Context(), c)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"devices": ds}, nil
+}
+
+func (a *API) device(r *http.Request, c keyserver.Caller) (any, error) {
+	id, err := pathVar(r, "deviceId")
+	if err != nil {
+		return nil, err
+	}
+	return a.ks.Device(r.Context(), c, id)
+}
+
+func (a *API) renameDevice(r *http.Request, c keyserver.Caller) (any, error) {
+	id, err := pathVar(r, "deviceId")
+	if err != nil {
+		return nil, err
+	}
+	var req struct {
+		DisplayName *string `json:"display_name"`
+	}
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.RenameDevice(r.Context(), c, id, req.DisplayName)
+}
+
+func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
+	id, err := pathVar(r, "deviceId")
+	if err != nil {
+		return nil, err
+	}
+	var req struct {
+		Auth *keyserver.AuthData `json:"auth"`
+	}
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.DeleteDevices(r.Context(), c, []string{id}, req.Auth)
+}
+
+func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {
+	var req struct {
+		Devices []string            `json:"devices"`
+		Auth    *keyserver.AuthData `json:"auth"`
+	}
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	if req.Devices == nil {
+		return nil, mxerr.MissingParam("devices is required")
+	}
+	return empty, a.ks.DeleteDevices(r.Context(), c, req.Devices, req.Auth)
+}
+
+func (a *API) uploadKeys(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.UploadRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return a.ks.UploadKeys(r.Context(), c, req)
+}
+
+func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.QueryRequest
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	return a.ks.QueryKeys(r.Context(), c, req)
+}
+
+func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.ClaimRequest
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	return a.ks.ClaimKeys(r.Context(), c, req)
+}
+
+func (a *API) keyChanges(r *http.Request, c keyserver.Caller) (any, error) {
+	q := r.URL.Query()
+	return a.ks.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
+}
+
+func (a *API) sync(r *http.Request, c keyserver.Caller) (any, error) {
+	q := r.URL.Query()
+	var timeout time.Duration
+	if t := q.Get("timeout"); t != "" {
+		ms, err := strconv.ParseInt(t, 10, 64)
+		if err != nil || ms < 0 {
+			return nil, mxerr.InvalidParam("timeout must be a non-negative number of milliseconds")
+		}
+		timeout = time.Duration(min(ms, int64(24*time.Hour/time.Millisecond))) * time.Millisecond
+	}
+	return a.ks.Sync(r.Context(), c, q.Get("since"), timeout)
+}
+
+func (a *API) setMembership(r *http.Request) (any, error) {
+	roomID, err := pathVar(r, "roomId")
+	if err != nil {
+		return nil, err
+	}
+	userID, err := pathVar(r, "userId")
+	if err != nil {
+		return nil, err
+	}
+	var req struct {
+		Membership string `json:"membership"`
+	}
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.SetMembership(r.Context(), roomID, userID, req.Membership)
+}

@@ -1,0 +1,141 @@
+// Command keyserver runs the Matrix end-to-end-encryption key server.
+//
+//	keyserver [--config FILE] [--server-name NAME] [--client-listen ADDR] ...
+//	keyserver generate-config > keyserver.yaml
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/daemon"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "keyserver:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// aliases are the short flag names for the most used keys; every key is
+// also a flag under its full dotted name with "." and "_" written "-".
+var aliases = map[string]string{
+	"client-listen": "client_api.listen",
+	"registration":  "client_api.registration",
+}
+
+func flagName(key string) string {
+	return strings.NewReplacer(".", "-", "_", "-").Replace(key)
+}
+
+// keyFlag collects a flag's value for one configuration key; values are
+// applied after the file is read, so flags win over the file.
+type keyFlag struct {
+	key    string
+	isBool bool
+	set    map[string]string
+}
+
+func (f *keyFlag) String() string { return "" }
+func (f *keyFlag) Set(v string) error {
+	f.set[f.key] = v
+	return nil
+}
+func (f *keyFlag) IsBoolFlag() bool { return f.isBool }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "generate-config" {
+		_, err := stdout.Write(config.DefaultYAML())
+		return err
+	}
+	fs := flag.NewFlagSet("keyserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "read the configuration from this YAML `file` (see 'keyserver generate-config')")
+	values := map[string]string{}
+	defaults := config.Default()
+	for _, key := range config.Keys() {
+		f := &keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}
+		fs.Var(f, flagName(key), "sets configuration key "+key)
+	}
+	aliasNames := make([]string, 0, len(aliases))
+	for a := range aliases {
+		aliasNames = append(aliasNames, a)
+	}
+	sort.Strings(aliasNames)
+	for _, a := range aliasNames {
+		key := aliases[a]
+		fs.Var(&keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}, a, "same as --"+flagName(key))
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: keyserver [flags]\n       keyserver generate-config\n\nFlags (each overrides the configuration key it names):\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (try --help)", fs.Arg(0))
+	}
+
+	cfg := config.Default()
+	if *configPath != "" {
+		var err error
+		if cfg, err = config.Load(*configPath); err != nil {
+			return err
+		}
+	}
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := cfg.Set(k, values[k]); err != nil {
+			return fmt.Errorf("--%s: %w", flagName(k), err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log, err := daemon.NewLogger(cfg)
+	if err != nil {
+		return err
+	}
+	log.SetOutput(stderr)
+	d, err := daemon.Start(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case serveErr = <-d.Errors():
+		log.WithError(serveErr).Error("listener failed; shutting down")
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(serveErr, d.Shutdown(shutdownCtx))
+}
+
+// isBoolKey reports whether a key holds a boolean, so its flag may be
+// given without a value.
+func isBoolKey(c *config.Config, key string) bool {
+	probe := *c
+	return probe.Set(key, "true") == nil && probe.Set(key, "maybe") != nil && probe.Set(key, "1") == nil
+}

@@ -1,0 +1,587 @@
+// Package config defines the keyserver's configuration: the YAML file format,
+// the default for every setting, validation, and helpers that turn settings
+// which may be left empty into the effective values the daemon uses.
+package config
+
+import (
+	"bytes"
+	_ "embed" // for the default configuration file
+	"encoding"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/matrix-org/gomatrixserverlib/spec"
+	"golang.org/x/crypto/bcrypt"
+	"gopkg.in/yaml.v3"
+)
+
+// defaultYAML is a complete, commented configuration at default values. It is
+// embedded rather than generated so that the comments can be written for
+// people; a test keeps it equal to Default().
+//
+//go:embed default.yaml
+var defaultYAML []byte
+
+// Config is the complete daemon configuration. Every field has a usable
+// default (see Default), so a configuration file only needs the settings an
+// operator wants to change.
+type Config struct {
+	// ServerName is the Matrix server name, the part after the colon in
+	// user IDs. Default "localhost:8448".
+	ServerName string `yaml:"server_name"`
+	// DataDir holds the state the daemon creates itself (SQLite database,
+	// signing key, generated TLS pair). Default "./data".
+	DataDir string `yaml:"data_dir"`
+	// Database is empty for a SQLite file <data_dir>/keyserver.db, a SQLite
+	// path or "file:" URI, or a "postgres://" / "postgresql://" URL. Use
+	// DatabaseURI for the effective value.
+	Database string `yaml:"database"`
+	// AdminToken is the bearer token for the admin API; empty disables
+	// that API entirely.
+	AdminToken string `yaml:"admin_token"`
+	// SigningKeyPath is the ed25519 signing key file; empty means
+	// <data_dir>/signing.key. Use SigningKeyFile for the effective value.
+	SigningKeyPath string `yaml:"signing_key_path"`
+
+	Log        LogConfig        `yaml:"log"`
+	ClientAPI  ClientAPIConfig  `yaml:"client_api"`
+	Federation FederationConfig `yaml:"federation"`
+}
+
+// LogConfig is the "log" section.
+type LogConfig struct {
+	// Level is debug, info, warn or error. Default info.
+	Level string `yaml:"level"`
+	// Format is text or json. Default text.
+	Format string `yaml:"format"`
+}
+
+// ClientAPIConfig is the "client_api" section: the client-server API.
+type ClientAPIConfig struct {
+	// Listen is the host:port of the listener. Default "127.0.0.1:8008".
+	Listen string `yaml:"listen"`
+	// Registration is "open" (default) or "closed".
+	Registration string `yaml:"registration"`
+	// MaxRequestBytes caps request bodies. Default 1 MiB; at least 1024.
+	MaxRequestBytes int64 `yaml:"max_request_bytes"`
+	// BcryptCost is the bcrypt work factor for passwords. Default 12; 4..31.
+	BcryptCost int `yaml:"bcrypt_cost"`
+	// MaxOneTimeKeysPerDevice caps stored one-time keys per device.
+	// Default 500; at least 1.
+	MaxOneTimeKeysPerDevice int `yaml:"max_one_time_keys_per_device"`
+	// SyncMaxTimeout caps the /sync long-poll, whatever the client asks
+	// for. Default 60s.
+	SyncMaxTimeout Duration `yaml:"sync_max_timeout"`
+}
+
+// FederationConfig is the "federation" section: the server-server API.
+type FederationConfig struct {
+	// Listen is the host:port of the TLS listener. Default "127.0.0.1:8448".
+	Listen string `yaml:"listen"`
+	// TLSCert is the PEM certificate file; empty (together with TLSKey)
+	// means a self-signed <data_dir>/tls.crt generated on first start.
+	TLSCert string `yaml:"tls_cert"`
+	// TLSKey is the PEM private key file; empty means <data_dir>/tls.key.
+	TLSKey string `yaml:"tls_key"`
+	// TLSInsecureSkipVerify disables verification of remote servers'
+	// certificates. Default false; only for test set-ups.
+	TLSInsecureSkipVerify bool `yaml:"tls_insecure_skip_verify"`
+	// AllowDeviceNames shows device display names over federation.
+	// Default false, because names often reveal more than users expect.
+	AllowDeviceNames bool `yaml:"allow_device_names"`
+	// KeyValidity sets valid_until_ts of our published server keys.
+	// Default 24h.
+	KeyValidity Duration `yaml:"key_validity"`
+	// SendWait bounds how long /send waits for device-list updates.
+	// Default 10s.
+	SendWait Duration `yaml:"send_wait"`
+}
+
+// Duration is a time.Duration written in configuration files as a Go duration
+// string ("10s", "1m30s", "24h"). yaml.v3 only does that for time.Duration
+// itself; a named type would otherwise be an unreadable count of nanoseconds.
+// Convert with time.Duration(d) or d.Duration().
+type Duration time.Duration
+
+// Duration returns d as a time.Duration.
+func (d Duration) Duration() time.Duration { return time.Duration(d) }
+
+// String formats d like time.Duration does, e.g. "1m30s".
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalYAML writes d as a duration string.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// UnmarshalYAML reads a duration string. Problems are reported as a
+// *yaml.TypeError carrying the line number, so that yaml.v3 collects them
+// alongside its own errors instead of aborting with a message that has no
+// position in it.
+func (d *Duration) UnmarshalYAML(node *yaml.Node) error {
+	if node.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{
+			fmt.Sprintf("line %d: expected a duration such as \"10s\" or \"1m30s\"", node.Line),
+		}}
+	}
+	parsed, err := parseDuration(node.Value)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", node.Line, err)}}
+	}
+	*d = parsed
+	return nil
+}
+
+// MarshalText writes d as a duration string, for encoders other than YAML.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a duration string. Set relies on it, which keeps
+// command-line overrides and the file format in agreement.
+func (d *Duration) UnmarshalText(text []byte) error {
+	parsed, err := parseDuration(string(text))
+	if err != nil {
+		return err
+	}
+	*d = parsed
+	return nil
+}
+
+func parseDuration(s string) (Duration, error) {
+	parsed, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		// time's own message ("missing unit in duration") does not tell
+		// the operator what a valid value looks like.
+		return 0, fmt.Errorf("invalid duration %q: use a number with a unit, such as \"10s\", \"1m30s\" or \"24h\"", s)
+	}
+	return Duration(parsed), nil
+}
+
+// Default returns a configuration with every setting at its default. The
+// result is a fresh value that the caller may modify.
+func Default() *Config {
+	return &Config{
+		ServerName: "localhost:8448",
+		DataDir:    "./data",
+		Log: LogConfig{
+			Level:  "info",
+			Format: "text",
+		},
+		ClientAPI: ClientAPIConfig{
+			Listen:                  "127.0.0.1:8008",
+			Registration:            "open",
+			MaxRequestBytes:         1 << 20,
+			BcryptCost:              12,
+			MaxOneTimeKeysPerDevice: 500,
+			SyncMaxTimeout:          Duration(60 * time.Second),
+		},
+		Federation: FederationConfig{
+			Listen:      "127.0.0.1:8448",
+			KeyValidity: Duration(24 * time.Hour),
+			SendWait:    Duration(10 * time.Second),
+		},
+	}
+}
+
+// DefaultYAML returns a complete configuration file with every setting at its
+// default and a comment explaining each, suitable as a starting point for
+// operators. The slice is a copy and may be modified.
+func DefaultYAML() []byte {
+	return bytes.Clone(defaultYAML)
+}
+
+// Load reads the YAML file at path over Default(), so the file only needs the
+// settings that differ. Unknown keys are an error, because a misspelt key
+// would otherwise be silently ignored and its default used. An empty file
+// gives the defaults. Load does not call Validate.
+func Load(path string) (*Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		// The *PathError already names the file.
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+
+	c := Default()
+	if err := decodeInto(f, c); err != nil {
+		return nil, fmt.Errorf("config: %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// decodeInto overlays the YAML document read from r onto c.
+func decodeInto(r io.Reader, c *Config) error {
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // empty file, or only comments
+		}
+		return tidyYAMLError(err)
+	}
+	// yaml.v3 reads one document per Decode call, so anything after a
+	// "---" would be ignored without this check.
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err != nil:
+		return tidyYAMLError(err)
+	default:
+		return fmt.Errorf("line %d: only one YAML document is allowed", extra.Line)
+	}
+}
+
+var unknownFieldRE = regexp.MustCompile(`^(line \d+): field (.*) not found in type .*$`)
+
+// tidyYAMLError rewrites yaml.v3 errors for operators: one line instead of a
+// multi-line list, no "yaml:" prefix (the caller already says which file),
+// and unknown keys described as such rather than in terms of Go types.
+func tidyYAMLError(err error) error {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs := make([]string, len(te.Errors))
+		for i, m := range te.Errors {
+			msgs[i] = unknownFieldRE.ReplaceAllString(m, `$1: unknown key "$2"`)
+		}
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+}
+
+// Validate checks every setting and reports all problems in one error, so an
+// operator can fix a configuration in one pass rather than one restart per
+// mistake. It returns nil for a usable configuration.
+func (c *Config) Validate() error {
+	var problems []string
+	add := func(format string, args ...any) {
+		problems = append(problems, fmt.Sprintf(format, args...))
+	}
+
+	if msg := checkServerName(c.ServerName); msg != "" {
+		add("%s", msg)
+	}
+	if c.DataDir == "" {
+		add("data_dir must not be empty")
+	}
+	if _, err := databaseKind(c.Database); err != nil {
+		add("%v", err)
+	}
+
+	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
+		add(`log.level must be "debug", "info", "warn" or "error", not %q`, c.Log.Level)
+	}
+	if !oneOf(c.Log.Format, "text", "json") {
+		add(`log.format must be "text" or "json", not %q`, c.Log.Format)
+	}
+
+	if msg := checkListen("client_api.listen", c.ClientAPI.Listen); msg != "" {
+		add("%s", msg)
+	}
+	if !oneOf(c.ClientAPI.Registration, "open", "closed") {
+		add(`client_api.registration must be "open" or "closed", not %q`, c.ClientAPI.Registration)
+	}
+	if c.ClientAPI.MaxRequestBytes < 1024 {
+		add("client_api.max_request_bytes must be at least 1024, not %d", c.ClientAPI.MaxRequestBytes)
+	}
+	if c.ClientAPI.BcryptCost < bcrypt.MinCost || c.ClientAPI.BcryptCost > bcrypt.MaxCost {
+		add("client_api.bcrypt_cost must be between %d and %d, not %d",
+			bcrypt.MinCost, bcrypt.MaxCost, c.ClientAPI.BcryptCost)
+	}
+	if c.ClientAPI.MaxOneTimeKeysPerDevice < 1 {
+		add("client_api.max_one_time_keys_per_device must be at least 1, not %d", c.ClientAPI.MaxOneTimeKeysPerDevice)
+	}
+	if c.ClientAPI.SyncMaxTimeout <= 0 {
+		add("client_api.sync_max_timeout must be positive, not %s", c.ClientAPI.SyncMaxTimeout)
+	}
+
+	if msg := checkListen("federation.listen", c.Federation.Listen); msg != "" {
+		add("%s", msg)
+	}
+	if (c.Federation.TLSCert == "") != (c.Federation.TLSKey == "") {
+		// A configured certificate with a generated key (or the reverse)
+		// can never match, so refuse it here rather than at TLS start-up.
+		add("federation.tls_cert and federation.tls_key must be set together or both left empty")
+	}
+	if c.Federation.KeyValidity <= 0 {
+		add("federation.key_validity must be positive, not %s", c.Federation.KeyValidity)
+	}
+	if c.Federation.SendWait <= 0 {
+		add("federation.send_wait must be positive, not %s", c.Federation.SendWait)
+	}
+
+	if len(problems) == 0 {
+		return nil
+	}
+	return errors.New("config: " + strings.Join(problems, "; "))
+}
+
+func oneOf(s string, allowed ...string) bool {
+	for _, a := range allowed {
+		if s == a {
+			return true
+		}
+	}
+	return false
+}
+
+// checkServerName applies the Matrix server name grammar: an IPv4 address,
+// a bracketed IPv6 address or a DNS name of [A-Za-z0-9.-] (at most 255
+// characters), optionally followed by ":" and a port 1-65535. It returns a
+// problem description, or "" when the name is valid.
+func checkServerName(name string) string {
+	invalid := fmt.Sprintf("server_name %q is not a valid Matrix server name", name)
+	if name == "" {
+		return "server_name must not be empty"
+	}
+	host, port, ok := spec.ParseAndValidateServerName(spec.ServerName(name))
+	if !ok {
+		return invalid
+	}
+	// The library accepts port 0 and does not enforce the stricter parts of
+	// the grammar, so check those here.
+	if port == 0 {
+		return invalid + " (port must be 1-65535)"
+	}
+	if strings.HasPrefix(host, "[") {
+		if !strings.Contains(host, ":") {
+			return invalid + " (only IPv6 addresses go in brackets)"
+		}
+	} else if len(host) > 255 {
+		return invalid + " (host name longer than 255 characters)"
+	}
+	return ""
+}
+
+// checkListen reports whether addr is a host:port with a numeric port. The
+// host may be empty (all interfaces) and port 0 is allowed (any free port),
+// which tests rely on. It returns a problem description or "".
+func checkListen(key, addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Sprintf("%s %q is not a host:port address", key, addr)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Sprintf("%s %q must have a numeric port 0-65535", key, addr)
+	}
+	return ""
+}
+
+// schemeRE matches a URI scheme followed by ":". Single letters are excluded
+// so that Windows drive letters ("C:\...") count as plain paths.
+var schemeRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]+):`)
+
+type dbKind int
+
+const (
+	dbSQLite dbKind = iota
+	dbPostgres
+)
+
+// databaseKind classifies a database setting. The prefixes are matched
+// case-sensitively because that is what the SQLite and PostgreSQL drivers
+// do; anything else that looks like a URI is refused, since treating
+// "mysql://..." as a SQLite file name would silently create a stray file.
+func databaseKind(db string) (dbKind, error) {
+	switch {
+	case db == "", strings.HasPrefix(db, "file:"):
+		return dbSQLite, nil
+	case strings.HasPrefix(db, "postgres://"), strings.HasPrefix(db, "postgresql://"):
+		if _, err := url.Parse(db); err != nil {
+			// Avoid echoing the URL: it may contain a password.
+			return dbPostgres, errors.New("database is not a valid PostgreSQL URL")
+		}
+		return dbPostgres, nil
+	}
+	if m := schemeRE.FindStringSubmatch(db); m != nil {
+		return dbSQLite, fmt.Errorf(`database has unrecognised scheme %q: use a SQLite path, a "file:" URI or a "postgres://" URL`, m[1])
+	}
+	return dbSQLite, nil
+}
+
+// DatabaseURI returns the effective database: the configured value, or
+// "file:<data_dir>/keyserver.db" when none is configured.
+func (c *Config) DatabaseURI() string {
+	if c.Database == "" {
+		return "file:" + filepath.Join(c.DataDir, "keyserver.db")
+	}
+	return c.Database
+}
+
+// IsPostgres reports whether the database is PostgreSQL rather than SQLite.
+func (c *Config) IsPostgres() bool {
+	kind, _ := databaseKind(c.Database)
+	return kind == dbPostgres
+}
+
+// SigningKeyFile returns the effective signing key path.
+func (c *Config) SigningKeyFile() string {
+	if c.SigningKeyPath != "" {
+		return c.SigningKeyPath
+	}
+	return filepath.Join(c.DataDir, "signing.key")
+}
+
+// TLSCertFile returns the effective federation TLS certificate path.
+func (c *Config) TLSCertFile() string {
+	if c.Federation.TLSCert != "" {
+		return c.Federation.TLSCert
+	}
+	return filepath.Join(c.DataDir, "tls.crt")
+}
+
+// TLSKeyFile returns the effective federation TLS private key path.
+func (c *Config) TLSKeyFile() string {
+	if c.Federation.TLSKey != "" {
+		return c.Federation.TLSKey
+	}
+	return filepath.Join(c.DataDir, "tls.key")
+}
+
+// GeneratedTLS reports whether no TLS certificate is configured, in which
+// case the daemon generates a self-signed pair at TLSCertFile and TLSKeyFile.
+func (c *Config) GeneratedTLS() bool {
+	return c.Federation.TLSCert == "" && c.Federation.TLSKey == ""
+}
+
+// Set sets one setting, named by its dotted YAML key (for example
+// "client_api.bcrypt_cost"), from its string form. It is meant for
+// command-line and environment overrides. Booleans use strconv.ParseBool and
+// durations the same syntax as the file. Set does not call Validate.
+//
+// Keys are found by reflection over the yaml tags, so a new setting is
+// settable as soon as it is added to the structs.
+func (c *Config) Set(key, value string) error {
+	v := reflect.ValueOf(c).Elem()
+	parts := strings.Split(key, ".")
+	for i, part := range parts {
+		field, ok := fieldByYAMLName(v, part)
+		if !ok {
+			return fmt.Errorf("config: unknown key %q", key)
+		}
+		v = field
+		if isSection(v.Type()) != (i < len(parts)-1) {
+			if i < len(parts)-1 {
+				return fmt.Errorf("config: unknown key %q", key)
+			}
+			return fmt.Errorf("config: %q is a section, not a key; set one of its keys, such as %q", key, key+"."+firstKey(v.Type()))
+		}
+	}
+	if err := setFromString(v, value); err != nil {
+		return fmt.Errorf("config: %s: %w", key, err)
+	}
+	return nil
+}
+
+// Keys returns every dotted key that Set accepts, sorted, for help output.
+func Keys() []string {
+	var keys []string
+	var walk func(t reflect.Type, prefix string)
+	walk = func(t reflect.Type, prefix string) {
+		for i := 0; i < t.NumField(); i++ {
+			name, ok := yamlName(t.Field(i))
+			if !ok {
+				continue
+			}
+			if ft := t.Field(i).Type; isSection(ft) {
+				walk(ft, prefix+name+".")
+			} else {
+				keys = append(keys, prefix+name)
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "")
+	sort.Strings(keys)
+	return keys
+}
+
+var textUnmarshalerType = reflect.TypeOf((*encoding.TextUnmarshaler)(nil)).Elem()
+
+// isSection reports whether values of type t are YAML mappings of further
+// keys rather than single values.
+func isSection(t reflect.Type) bool {
+	return t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(textUnmarshalerType)
+}
+
+// yamlName returns the key yaml.v3 uses for a struct field, following its
+// rules: the tag name if given, otherwise the lower-cased field name; "-"
+// and unexported fields are not keys.
+func yamlName(f reflect.StructField) (string, bool) {
+	if !f.IsExported() {
+		return "", false
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	switch name {
+	case "-":
+		return "", false
+	case "":
+		return strings.ToLower(f.Name), true
+	}
+	return name, true
+}
+
+func fieldByYAMLName(v reflect.Value, name string) (reflect.Value, bool) {
+	if v.Kind() != reflect.Struct {
+		return reflect.Value{}, false
+	}
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		if n, ok := yamlName(t.Field(i)); ok && n == name {
+			return v.Field(i), true
+		}
+	}
+	return reflect.Value{}, false
+}
+
+// firstKey names the first key of a section, for error hints.
+func firstKey(t reflect.Type) string {
+	for i := 0; i < t.NumField(); i++ {
+		if n, ok := yamlName(t.Field(i)); ok {
+			return n
+		}
+	}
+	return ""
+}
+
+// setFromString parses s according to v's type and stores it in v.
+func setFromString(v reflect.Value, s string) error {
+	// Types with their own text form (Duration) come first: their Kind
+	// alone (int64) would give the wrong syntax.
+	if u, ok := v.Addr().Interface().(encoding.TextUnmarshaler); ok {
+		return u.UnmarshalText([]byte(s))
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(s)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("%q is not a boolean (use true or false)", s)
+		}
+		v.SetBool(b)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, v.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("%q is not an integer in range", s)
+		}
+		v.SetInt(n)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n, err := strconv.ParseUint(s, 10, v.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("%q is not a non-negative integer in range", s)
+		}
+		v.SetUint(n)
+	default:
+		// Only reachable if a field of a new kind is added to Config.
+		return fmt.Errorf("settings of type %s cannot be set from a string", v.Type())
+	}
+	return nil
+}

@@ -1,0 +1,23 @@
+module github.com/keyserver/keyserver
+
+go 1.26.8
+
+require (
+	github.com/gorilla/mux v1.8.1
+	github.com/lib/pq v1.12.3
+	github.com/matrix-org/gomatrixserverlib v0.0.0-20240910190622-2c764912ce93
+	github.com/mattn/go-sqlite3 v1.14.53
+	github.com/sirupsen/logrus v1.10.2
+	golang.org/x/crypto v0.59.0
+	gopkg.in/yaml.v3 v3.0.1
+)
+
+require (
+	github.com/kr/pretty v0.3.1 // indirect
+	github.com/matrix-org/util v0.0.0-20200807132607-55161520e1d4 // indirect
+	github.com/tidwall/gjson v1.14.3 // indirect
+	github.com/tidwall/match v1.1.1 // indirect
+	github.com/tidwall/pretty v1.2.0 // indirect
+	github.com/tidwall/sjson v1.2.5 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+)

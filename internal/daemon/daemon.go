@@ -1,0 +1,155 @@
+// Package daemon assembles the server from its configuration: identity
+// files, database, domain service and the two HTTP listeners; and takes it
+// down again in order (listeners, then waiting requests, then database).
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/clientapi"
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/federationapi"
+	"github.com/keyserver/keyserver/internal/identity"
+	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/storage/sqlstore"
+)
+
+// Daemon is a running server.
+type Daemon struct {
+	cfg        *config.Config
+	log        *logrus.Logger
+	store      *sqlstore.Store
+	ks         *keyserver.Service
+	client     *http.Server
+	federation *http.Server
+	clientLn   net.Listener
+	fedLn      net.Listener
+	errc       chan error
+}
+
+// NewLogger makes the logger the configuration asks for.
+func NewLogger(cfg *config.Config) (*logrus.Logger, error) {
+	log := logrus.New()
+	lvl, err := logrus.ParseLevel(cfg.Log.Level)
+	if err != nil {
+		return nil, err
+	}
+	log.SetLevel(lvl)
+	if cfg.Log.Format == "json" {
+		log.SetFormatter(&logrus.JSONFormatter{})
+	}
+	return log, nil
+}
+
+// Start brings the server up: the configuration must be valid. It returns
+// once both listeners accept connections.
+func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data directory: %w", err)
+	}
+	key, created, err := identity.LoadOrCreateSigningKey(cfg.SigningKeyFile())
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.WithFields(logrus.Fields{"path": cfg.SigningKeyFile(), "key_id": key.KeyID}).Info("generated a new signing key")
+	}
+	cert, created, err := identity.LoadOrCreateTLS(cfg.TLSCertFile(), cfg.TLSKeyFile(), cfg.ServerName, cfg.GeneratedTLS())
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.WithField("path", cfg.TLSCertFile()).Info("generated a self-signed TLS certificate for the federation listener")
+	}
+
+	store, err := sqlstore.Open(ctx, cfg.DatabaseURI())
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	d := &Daemon{cfg: cfg, log: log, store: store, errc: make(chan error, 2)}
+	d.ks = keyserver.New(store, keyserver.Options{
+		ServerName:       cfg.ServerName,
+		RegistrationOpen: cfg.ClientAPI.Registration == "open",
+		BcryptCost:       cfg.ClientAPI.BcryptCost,
+		MaxOneTimeKeys:   cfg.ClientAPI.MaxOneTimeKeysPerDevice,
+		SyncMaxTimeout:   cfg.ClientAPI.SyncMaxTimeout.Duration(),
+		Logger:           log,
+	})
+	d.client = &http.Server{
+		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
+			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
+			AdminToken:      cfg.AdminToken,
+			Logger:          log,
+		}),
+		ReadHeaderTimeout: 30 * time.Second,
+	}
+	d.federation = &http.Server{
+		Handler: federationapi.NewHandler(federationapi.Options{
+			ServerName:  cfg.ServerName,
+			SigningKey:  key,
+			KeyValidity: cfg.Federation.KeyValidity.Duration(),
+			Logger:      log,
+		}),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 30 * time.Second,
+	}
+	if d.clientLn, err = net.Listen("tcp", cfg.ClientAPI.Listen); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("client API listener: %w", err)
+	}
+	if d.fedLn, err = net.Listen("tcp", cfg.Federation.Listen); err != nil {
+		d.clientLn.Close()
+		store.Close()
+		return nil, fmt.Errorf("federation listener: %w", err)
+	}
+	go func() { d.errc <- serve(d.client.Serve(d.clientLn)) }()
+	go func() { d.errc <- serve(d.federation.ServeTLS(d.fedLn, "", "")) }()
+	log.WithFields(logrus.Fields{
+		"server_name": cfg.ServerName,
+		"client":      d.clientLn.Addr().String(),
+		"federation":  d.fedLn.Addr().String(),
+		"database":    store.Dialect(),
+	}).Info("keyserver started")
+	return d, nil
+}
+
+func serve(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// ClientAddr is the client API's address.
+func (d *Daemon) ClientAddr() string { return d.clientLn.Addr().String() }
+
+// FederationAddr is the federation API's address.
+func (d *Daemon) FederationAddr() string { return d.fedLn.Addr().String() }
+
+// Service is the domain service (for tests and tools).
+func (d *Daemon) Service() *keyserver.Service { return d.ks }
+
+// Errors receives a listener's failure.
+func (d *Daemon) Errors() <-chan error { return d.errc }
+
+// Shutdown stops accepting requests, lets those in flight finish (waiting
+// /sync requests are answered at once), and closes the database.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.ks.Close()
+	errs := []error{d.client.Shutdown(ctx), d.federation.Shutdown(ctx)}
+	errs = append(errs, d.store.Close())
+	d.log.Info("keyserver stopped")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,195 @@
+// Package httpx holds the HTTP plumbing both APIs share: JSON responses,
+// capped and typed request bodies, Matrix errors for unknown routes, panic
+// recovery, CORS and request logging.
+package httpx
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+)
+
+// JSON writes v as a JSON response.
+func JSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		body = []byte(`{"errcode":"M_UNKNOWN","error":"internal server error"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// Error writes err as a Matrix error. An *mxerr.Error is the caller's
+// mistake and goes out as it is; anything else is logged and answered 500
+// M_UNKNOWN without its details.
+func Error(w http.ResponseWriter, r *http.Request, err error) {
+	var me *mxerr.Error
+	if errors.As(err, &me) {
+		JSON(w, me.Status, me.Body())
+		return
+	}
+	Logger(r).WithError(err).Error("request failed")
+	JSON(w, http.StatusInternalServerError, map[string]any{"errcode": "M_UNKNOWN", "error": "internal server error"})
+}
+
+// ReadBody reads a request body of at most limit bytes.
+func ReadBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, mxerr.TooLarge("request body is larger than %d bytes", limit)
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, mxerr.Unknown("could not read request body: %v", err)
+	}
+	if int64(len(body)) > limit {
+		return nil, mxerr.TooLarge("request body is larger than %d bytes", limit)
+	}
+	return body, nil
+}
+
+// Decode parses a JSON object body into v. Invalid JSON is M_NOT_JSON;
+// anything but an object, or values of the wrong type, M_BAD_JSON. An empty
+// body counts as {} when emptyOK.
+func Decode(body []byte, v any, emptyOK bool) error {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		if emptyOK {
+			return nil
+		}
+		return mxerr.NotJSON("request body is empty, expected a JSON object")
+	}
+	if !json.Valid(trimmed) {
+		return mxerr.NotJSON("request body is not valid JSON")
+	}
+	if trimmed[0] != '{' {
+		return mxerr.BadJSON("request body must be a JSON object")
+	}
+	if err := json.Unmarshal(trimmed, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return mxerr.BadJSON("%s must be of type %s, not %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+		}
+		return mxerr.BadJSON("request body has the wrong shape: %v", err)
+	}
+	return nil
+}
+
+func jsonKind(goKind string) string {
+	switch {
+	case strings.HasPrefix(goKind, "int"), strings.HasPrefix(goKind, "uint"), strings.HasPrefix(goKind, "float"):
+		return "number"
+	case goKind == "map", goKind == "struct":
+		return "object"
+	case goKind == "slice":
+		return "array"
+	case goKind == "bool":
+		return "boolean"
+	}
+	return goKind
+}
+
+// ReadJSON reads and decodes a capped JSON object body.
+func ReadJSON(r *http.Request, limit int64, v any, emptyOK bool) error {
+	body, err := ReadBody(r, limit)
+	if err != nil {
+		return err
+	}
+	return Decode(body, v, emptyOK)
+}
+
+// NotFoundHandler answers unknown endpoints.
+func NotFoundHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		JSON(w, http.StatusNotFound, (&mxerr.Error{Code: "M_UNRECOGNIZED", Message: "unrecognized request"}).Body())
+	})
+}
+
+// MethodNotAllowedHandler answers a known endpoint called with the wrong method.
+func MethodNotAllowedHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		JSON(w, http.StatusMethodNotAllowed, (&mxerr.Error{Code: "M_UNRECOGNIZED", Message: fmt.Sprintf("method %s is not allowed here", r.Method)}).Body())
+	})
+}
+
+// CORS adds the headers browser clients need and answers preflight
+// requests without running the endpoint.
+func CORS(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Access-Control-Allow-Methods", "GET, POST, PUT, DELETE, OPTIONS")
+		h.Set("Access-Control-Allow-Headers", "X-Requested-With, Content-Type, Authorization")
+		if r.Method == http.MethodOptions {
+			JSON(w, http.StatusOK, struct{}{})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+type loggerKey struct{}
+
+// Logger returns the request's logger.
+func Logger(r *http.Request) logrus.FieldLogger {
+	if l, ok := r.Context().Value(loggerKey{}).(logrus.FieldLogger); ok {
+		return l
+	}
+	return logrus.StandardLogger()
+}
+
+// Middleware recovers panics (logged with the request, answered 500
+// M_UNKNOWN), attaches a request logger and logs one line per request at
+// debug level. The logged path never includes the query string, which may
+// carry an access token.
+func Middleware(log logrus.FieldLogger, api string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rl := log.WithFields(logrus.Fields{"api": api, "method": r.Method, "path": r.URL.Path, "remote": r.RemoteAddr})
+		r = r.WithContext(contextWithLogger(r, rl))
+		rec := &statusRecorder{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				rl.WithField("panic", fmt.Sprint(p)).WithField("stack", string(debug.Stack())).Error("handler panicked")
+				if rec.status == 0 {
+					JSON(rec, http.StatusInternalServerError, map[string]any{"errcode": "M_UNKNOWN", "error": "internal server error"})
+				}
+			}
+			rl.WithFields(logrus.Fields{"status": rec.status, "duration_ms": time.Since(start).Milliseconds()}).Debug("request")
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}

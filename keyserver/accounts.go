@@ -1,0 +1,315 @@
+package keyserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"strings"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Caller is an authenticated client: a user and the device its token is
+// bound to.
+type Caller struct {
+	UserID   string
+	DeviceID string
+}
+
+// Authenticate resolves an access token.
+func (s *Service) Authenticate(ctx context.Context, token string) (Caller, error) {
+	if token == "" {
+		return Caller{}, mxerr.MissingToken("missing access token")
+	}
+	u, d, err := s.db.TokenOwner(ctx, hashToken(token))
+	if errors.Is(err, storage.ErrNotFound) {
+		return Caller{}, mxerr.UnknownToken("unknown or expired access token")
+	}
+	return Caller{UserID: u, DeviceID: d}, err
+}
+
+// AuthData is the "auth" member of a user-interactive request.
+type AuthData struct {
+	Type       string `json:"type"`
+	Session    string `json:"session"`
+	Password   string `json:"password"`
+	User       string `json:"user"` // deprecated form of identifier
+	Identifier *struct {
+		Type string `json:"type"`
+		User string `json:"user"`
+	} `json:"identifier"`
+}
+
+// challenge is the 401 answer that starts (or, with cause, repeats) a
+// user-interactive auth flow of a single stage.
+func challenge(stage, session string, cause *mxerr.Error) *mxerr.Error {
+	if session == "" {
+		session = newSessionID()
+	}
+	e := &mxerr.Error{Status: http.StatusUnauthorized, Extra: map[string]any{
+		"flows":   []any{map[string]any{"stages": []string{stage}}},
+		"params":  map[string]any{},
+		"session": session,
+	}}
+	if cause != nil {
+		e.Code, e.Message = cause.Code, cause.Message
+	}
+	return e
+}
+
+// RegisterRequest is POST /register.
+type RegisterRequest struct {
+	Auth                     *AuthData `json:"auth"`
+	Username                 *string   `json:"username"`
+	Password                 *string   `json:"password"`
+	DeviceID                 *string   `json:"device_id"`
+	InitialDeviceDisplayName *string   `json:"initial_device_display_name"`
+	InhibitLogin             bool      `json:"inhibit_login"`
+	Kind                     string    `json:"-"` // ?kind=
+	IP                       string    `json:"-"`
+}
+
+// LoginResponse is what /register and /login answer.
+type LoginResponse struct {
+	UserID      string `json:"user_id"`
+	AccessToken string `json:"access_token,omitempty"`
+	DeviceID    string `json:"device_id,omitempty"`
+}
+
+const maxPasswordLength = 512
+
+// Register creates an account. The checks on the username come before the
+// auth stage, as the spec requires, so a client learns the name is taken
+// before completing any stage.
+func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginResponse, error) {
+	if r.Kind != "" && r.Kind != "user" {
+		return LoginResponse{}, mxerr.Forbidden("registration of kind %q is not supported", r.Kind)
+	}
+	if !s.opts.RegistrationOpen {
+		return LoginResponse{}, mxerr.Forbidden("registration is disabled")
+	}
+	localpart := ""
+	if r.Username != nil {
+		localpart = strings.ToLower(*r.Username)
+		if !validLocalpart(localpart) {
+			return LoginResponse{}, mxerr.InvalidUsername("user names may contain only a-z, 0-9 and . _ = - / +")
+		}
+	}
+	if r.Password == nil {
+		return LoginResponse{}, mxerr.MissingParam("password is required")
+	}
+	if len(*r.Password) > maxPasswordLength {
+		return LoginResponse{}, mxerr.InvalidParam("password is longer than %d bytes", maxPasswordLength)
+	}
+	if r.DeviceID != nil {
+		if err := checkDeviceID(*r.DeviceID); err != nil {
+			return LoginResponse{}, err
+		}
+	}
+	if err := checkDisplayName(r.InitialDeviceDisplayName); err != nil {
+		return LoginResponse{}, err
+	}
+	var userID string
+	if localpart != "" {
+		userID = "@" + localpart + ":" + s.opts.ServerName
+		if len(userID) > 255 {
+			return LoginResponse{}, mxerr.InvalidUsername("user ID would be longer than 255 bytes")
+		}
+		exists, err := s.db.AccountExists(ctx, userID)
+		if err != nil {
+			return LoginResponse{}, err
+		}
+		if exists {
+			return LoginResponse{}, mxerr.UserInUse("user ID %s is already taken", userID)
+		}
+	}
+	if r.Auth == nil {
+		return LoginResponse{}, challenge("m.login.dummy", "", nil)
+	}
+	if r.Auth.Type != "m.login.dummy" {
+		return LoginResponse{}, challenge("m.login.dummy", r.Auth.Session,
+			mxerr.Forbidden("auth type %q is not offered; use m.login.dummy", r.Auth.Type))
+	}
+	hash, err := hashPassword(*r.Password, s.opts.BcryptCost)
+	if err != nil {
+		return LoginResponse{}, err
+	}
+	var login *storage.NewLogin
+	var token string
+	if !r.InhibitLogin {
+		token = newAccessToken()
+		login = &storage.NewLogin{
+			DeviceID: newDeviceID(), DisplayName: r.InitialDeviceDisplayName,
+			TokenHash: hashToken(token), IP: r.IP, TS: s.nowMS(),
+		}
+		if r.DeviceID != nil {
+			login.DeviceID = *r.DeviceID
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		generated := localpart == ""
+		if generated {
+			userID = "@u" + randomString(11, "abcdefghijklmnopqrstuvwxyz0123456789") + ":" + s.opts.ServerName
+		}
+		if login != nil {
+			login.UserID = userID
+		}
+		res, err := s.db.CreateAccount(ctx, userID, string(hash), login)
+		if errors.Is(err, storage.ErrUserExists) {
+			if generated && attempt < 3 {
+				continue
+			}
+			return LoginResponse{}, mxerr.UserInUse("user ID %s is already taken", userID)
+		}
+		if err != nil {
+			return LoginResponse{}, err
+		}
+		s.streamAdvanced(res.Pos)
+		s.log.WithField("user_id", userID).Info("account registered")
+		out := LoginResponse{UserID: userID}
+		if login != nil {
+			out.AccessToken, out.DeviceID = token, login.DeviceID
+		}
+		return out, nil
+	}
+}
+
+// Available answers GET /register/available.
+func (s *Service) Available(ctx context.Context, username string) error {
+	localpart := strings.ToLower(username)
+	if !validLocalpart(localpart) {
+		return mxerr.InvalidUsername("user names may contain only a-z, 0-9 and . _ = - / +")
+	}
+	if !s.opts.RegistrationOpen {
+		return mxerr.Forbidden("registration is disabled")
+	}
+	exists, err := s.db.AccountExists(ctx, "@"+localpart+":"+s.opts.ServerName)
+	if err != nil {
+		return err
+	}
+	if exists {
+		return mxerr.UserInUse("user name %s is already taken", localpart)
+	}
+	return nil
+}
+
+// LoginRequest is POST /login.
+type LoginRequest struct {
+	Type       string `json:"type"`
+	Identifier *struct {
+		Type string `json:"type"`
+		User string `json:"user"`
+	} `json:"identifier"`
+	User                     string  `json:"user"` // deprecated form of identifier
+	Password                 *string `json:"password"`
+	DeviceID                 *string `json:"device_id"`
+	InitialDeviceDisplayName *string `json:"initial_device_display_name"`
+	IP                       string  `json:"-"`
+}
+
+// Login checks a password and logs a device in.
+func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, error) {
+	if r.Type != "m.login.password" {
+		return LoginResponse{}, mxerr.Unknown("login type %q is not supported", r.Type)
+	}
+	user := r.User
+	if r.Identifier != nil {
+		if r.Identifier.Type != "m.id.user" {
+			return LoginResponse{}, mxerr.Unknown("identifier type %q is not supported", r.Identifier.Type)
+		}
+		user = r.Identifier.User
+	}
+	if user == "" {
+		return LoginResponse{}, mxerr.MissingParam("identifier.user is required")
+	}
+	if r.Password == nil {
+		return LoginResponse{}, mxerr.MissingParam("password is required")
+	}
+	if r.DeviceID != nil {
+		if err := checkDeviceID(*r.DeviceID); err != nil {
+			return LoginResponse{}, err
+		}
+	}
+	if err := checkDisplayName(r.InitialDeviceDisplayName); err != nil {
+		return LoginResponse{}, err
+	}
+	userID, err := s.checkPassword(ctx, user, *r.Password)
+	if err != nil {
+		return LoginResponse{}, err
+	}
+	token := newAccessToken()
+	l := storage.NewLogin{UserID: userID, DeviceID: newDeviceID(), DisplayName: r.InitialDeviceDisplayName,
+		TokenHash: hashToken(token), IP: r.IP, TS: s.nowMS()}
+	if r.DeviceID != nil {
+		l.DeviceID = *r.DeviceID
+	}
+	res, err := s.db.Login(ctx, l)
+	if err != nil {
+		return LoginResponse{}, err
+	}
+	s.streamAdvanced(res.Pos)
+	return LoginResponse{UserID: userID, AccessToken: token, DeviceID: l.DeviceID}, nil
+}
+
+// checkPassword resolves a localpart or user ID of ours and checks the
+// password. Every failure is the same 403, and takes as long.
+func (s *Service) checkPassword(ctx context.Context, user, password string) (string, error) {
+	userID := user
+	if !strings.HasPrefix(user, "@") {
+		userID = "@" + strings.ToLower(user) + ":" + s.opts.ServerName
+	}
+	forbidden := mxerr.Forbidden("invalid username or password")
+	hash, err := s.db.PasswordHash(ctx, userID)
+	if errors.Is(err, storage.ErrNotFound) {
+		_ = comparePassword(s.dummyHash, password)
+		return "", forbidden
+	}
+	if err != nil {
+		return "", err
+	}
+	if comparePassword([]byte(hash), password) != nil {
+		return "", forbidden
+	}
+	return userID, nil
+}
+
+// Logout deletes the caller's device (and so its token and keys).
+func (s *Service) Logout(ctx context.Context, c Caller) error {
+	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, []string{c.DeviceID})
+	s.streamAdvanced(pos)
+	return err
+}
+
+// LogoutAll deletes every device of the caller.
+func (s *Service) LogoutAll(ctx context.Context, c Caller) error {
+	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, nil)
+	s.streamAdvanced(pos)
+	return err
+}
+
+// passwordInput turns a password into bcrypt's input. bcrypt reads at most
+// 72 bytes, so longer passwords are first condensed with SHA-256: every
+// byte of them then counts.
+func passwordInput(password string) []byte {
+	if len(password) <= 72 {
+		return []byte(password)
+	}
+	sum := sha256.Sum256([]byte(password))
+	return []byte(base64.RawStdEncoding.EncodeToString(sum[:]))
+}
+
+func hashPassword(password string, cost int) ([]byte, error) {
+	if cost < bcrypt.MinCost {
+		cost = bcrypt.DefaultCost
+	}
+	return bcrypt.GenerateFromPassword(passwordInput(password), cost)
+}
+
+func comparePassword(hash []byte, password string) error {
+	return bcrypt.CompareHashAndPassword(hash, passwordInput(password))
+}

@@ -1,0 +1,336 @@
+package keyserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// UploadRequest is POST /keys/upload, with its maps kept raw so the keys
+// can be checked one by one and stored in the order they were sent.
+type UploadRequest struct {
+	DeviceKeys   json.RawMessage `json:"device_keys"`
+	OneTimeKeys  json.RawMessage `json:"one_time_keys"`
+	FallbackKeys json.RawMessage `json:"fallback_keys"`
+}
+
+// UploadResponse is the answer to /keys/upload.
+type UploadResponse struct {
+	OneTimeKeyCounts map[string]int `json:"one_time_key_counts"`
+}
+
+type keyUpload struct {
+	member
+	alg, id string
+}
+
+// UploadKeys checks and stores a device's keys. Everything is checked
+// before anything is written, and what is written is written in one
+// transaction: a request with one bad key stores nothing.
+func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (UploadResponse, error) {
+	var dk *DeviceKeys
+	if t := bytes.TrimSpace(r.DeviceKeys); len(t) > 0 && string(t) != "null" {
+		var err error
+		if dk, err = ParseDeviceKeys(r.DeviceKeys); err != nil {
+			return UploadResponse{}, err
+		}
+		if dk.UserID != c.UserID {
+			return UploadResponse{}, mxerr.InvalidParam("device_keys.user_id %q is not the caller %q", dk.UserID, c.UserID)
+		}
+		if dk.DeviceID != c.DeviceID {
+			return UploadResponse{}, mxerr.InvalidParam("device_keys.device_id %q is not the caller's device %q", dk.DeviceID, c.DeviceID)
+		}
+		if err := dk.VerifySelfSignature(); err != nil {
+			return UploadResponse{}, err
+		}
+	}
+	otks, err := splitKeys("one_time_keys", r.OneTimeKeys)
+	if err != nil {
+		return UploadResponse{}, err
+	}
+	fallbacks, err := splitKeys("fallback_keys", r.FallbackKeys)
+	if err != nil {
+		return UploadResponse{}, err
+	}
+	seenAlg := map[string]bool{}
+	for _, f := range fallbacks {
+		if seenAlg[f.alg] {
+			return UploadResponse{}, mxerr.InvalidParam("fallback_keys may hold one key per algorithm; %s has more", f.alg)
+		}
+		seenAlg[f.alg] = true
+	}
+	ids := make([]string, 0, len(otks))
+	for _, k := range otks {
+		ids = append(ids, k.Name)
+	}
+
+	decide := func(st storage.KeyState) (storage.KeyWrite, error) {
+		var w storage.KeyWrite
+		ed25519Key := ""
+		if st.DeviceKeys != nil {
+			stored, err := ParseDeviceKeys(st.DeviceKeys)
+			if err != nil {
+				return w, err
+			}
+			ed25519Key = stored.Ed25519()
+			if dk != nil && (dk.Ed25519() != stored.Ed25519() || dk.Curve25519() != stored.Curve25519()) {
+				return w, mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID)
+			}
+		}
+		if dk != nil {
+			ed25519Key = dk.Ed25519()
+			w.DeviceKeys = dk.Canonical // the store skips the write when equal
+		}
+		inRequest := map[string][]byte{}
+		total := 0
+		for _, n := range st.Counts {
+			total += n
+		}
+		for _, k := range otks {
+			js, err := checkOneTimeKey("one_time_keys", k.Name, k.Value, c.UserID, c.DeviceID, ed25519Key)
+			if err != nil {
+				return w, err
+			}
+			if old, ok := st.ExistingOneTimeKeys[k.Name]; ok {
+				if !bytes.Equal(old, js) {
+					return w, mxerr.InvalidParam("one-time key %s already exists with other content", k.Name)
+				}
+				continue // identical re-upload: already stored
+			}
+			if old, ok := inRequest[k.Name]; ok {
+				if !bytes.Equal(old, js) {
+					return w, mxerr.InvalidParam("one-time key %s is listed twice with other content", k.Name)
+				}
+				continue
+			}
+			inRequest[k.Name] = js
+			w.OneTimeKeys = append(w.OneTimeKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: js})
+		}
+		if total+len(w.OneTimeKeys) > s.opts.MaxOneTimeKeys {
+			return w, mxerr.InvalidParam("a device may hold at most %d unclaimed one-time keys; it has %d and the upload adds %d",
+				s.opts.MaxOneTimeKeys, total, len(w.OneTimeKeys))
+		}
+		for _, k := range fallbacks {
+			js, err := checkOneTimeKey("fallback_keys", k.Name, k.Value, c.UserID, c.DeviceID, ed25519Key)
+			if err != nil {
+				return w, err
+			}
+			if old, ok := st.Fallback[k.alg]; ok && old.KeyID == k.id && bytes.Equal(old.JSON, js) {
+				continue // the same key again keeps its used flag
+			}
+			w.FallbackKeys = append(w.FallbackKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: js})
+		}
+		return w, nil
+	}
+	res, err := s.db.UploadKeys(ctx, c.UserID, c.DeviceID, ids, decide)
+	if errors.Is(err, storage.ErrNotFound) {
+		return UploadResponse{}, mxerr.UnknownToken("the device of this access token no longer exists")
+	}
+	if err != nil {
+		return UploadResponse{}, err
+	}
+	s.streamAdvanced(res.Pos)
+	return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
+}
+
+func splitKeys(field string, raw json.RawMessage) ([]keyUpload, error) {
+	members, err := orderedObject(field, raw)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]keyUpload, 0, len(members))
+	for _, m := range members {
+		alg, id, err := parseKeyName(m.Name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, keyUpload{member: m, alg: alg, id: id})
+	}
+	return out, nil
+}
+
+// withSignedCurve makes sure signed_curve25519 is always reported, 0 when
+// the device has none: clients read a missing count as "unknown".
+func withSignedCurve(counts map[string]int) map[string]int {
+	if counts == nil {
+		counts = map[string]int{}
+	}
+	if _, ok := counts["signed_curve25519"]; !ok {
+		counts["signed_curve25519"] = 0
+	}
+	return counts
+}
+
+// QueryRequest is POST /keys/query.
+type QueryRequest struct {
+	DeviceKeys map[string][]string `json:"device_keys"`
+	Timeout    *int64              `json:"timeout"`
+}
+
+// QueryResponse is the answer to /keys/query.
+type QueryResponse struct {
+	DeviceKeys      map[string]map[string]json.RawMessage `json:"device_keys"`
+	Failures        map[string]any                        `json:"failures"`
+	MasterKeys      map[string]json.RawMessage            `json:"master_keys"`
+	SelfSigningKeys map[string]json.RawMessage            `json:"self_signing_keys"`
+	UserSigningKeys map[string]json.RawMessage            `json:"user_signing_keys"`
+}
+
+// QueryKeys returns the device keys of the named users; an empty device
+// list means all of a user's devices. Local users are answered with one
+// database query however many users and devices are named.
+func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (QueryResponse, error) {
+	res := QueryResponse{
+		DeviceKeys:      map[string]map[string]json.RawMessage{},
+		Failures:        map[string]any{},
+		MasterKeys:      map[string]json.RawMessage{},
+		SelfSigningKeys: map[string]json.RawMessage{},
+		UserSigningKeys: map[string]json.RawMessage{},
+	}
+	if r.DeviceKeys == nil {
+		return res, mxerr.BadJSON("device_keys is required")
+	}
+	var local []string
+	for userID := range r.DeviceKeys {
+		server, ok := ParseUserID(userID)
+		if !ok {
+			return res, mxerr.InvalidParam("%q is not a valid user ID", userID)
+		}
+		if s.isLocal(server) {
+			local = append(local, userID)
+			res.DeviceKeys[userID] = map[string]json.RawMessage{}
+		} else {
+			// Remote users are answered once federation is configured.
+			res.Failures[server] = map[string]any{"status": 503, "message": "federation is not available"}
+		}
+	}
+	sort.Strings(local)
+	devices, err := s.db.DevicesWithKeys(ctx, local)
+	if err != nil {
+		return res, err
+	}
+	for _, d := range devices {
+		if want := r.DeviceKeys[d.UserID]; len(want) > 0 && !contains(want, d.DeviceID) {
+			continue
+		}
+		keys, err := withDisplayName(d.KeyJSON, d.DisplayName)
+		if err != nil {
+			return res, err
+		}
+		res.DeviceKeys[d.UserID][d.DeviceID] = keys
+	}
+	return res, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// withDisplayName adds unsigned.device_display_name to stored device keys.
+func withDisplayName(keyJSON []byte, name *string) (json.RawMessage, error) {
+	if name == nil {
+		return keyJSON, nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(keyJSON, &obj); err != nil {
+		return nil, err
+	}
+	unsigned, err := json.Marshal(map[string]string{"device_display_name": *name})
+	if err != nil {
+		return nil, err
+	}
+	obj["unsigned"] = unsigned
+	return json.Marshal(obj)
+}
+
+// ClaimRequest is POST /keys/claim.
+type ClaimRequest struct {
+	OneTimeKeys map[string]map[string]string `json:"one_time_keys"`
+	Timeout     *int64                       `json:"timeout"`
+}
+
+// ClaimResponse is the answer to /keys/claim.
+type ClaimResponse struct {
+	OneTimeKeys map[string]map[string]map[string]json.RawMessage `json:"one_time_keys"`
+	Failures    map[string]any                                   `json:"failures"`
+}
+
+// ClaimKeys hands out one key per named device: its oldest unclaimed
+// one-time key of the algorithm, or its fallback key when none is left.
+// Devices with neither are left out.
+func (s *Service) ClaimKeys(ctx context.Context, c Caller, r ClaimRequest) (ClaimResponse, error) {
+	res := ClaimResponse{
+		OneTimeKeys: map[string]map[string]map[string]json.RawMessage{},
+		Failures:    map[string]any{},
+	}
+	if r.OneTimeKeys == nil {
+		return res, mxerr.BadJSON("one_time_keys is required")
+	}
+	var reqs []storage.ClaimRequest
+	for userID, devices := range r.OneTimeKeys {
+		server, ok := ParseUserID(userID)
+		if !ok {
+			return res, mxerr.InvalidParam("%q is not a valid user ID", userID)
+		}
+		if !s.isLocal(server) {
+			res.Failures[server] = map[string]any{"status": 503, "message": "federation is not available"}
+			continue
+		}
+		for deviceID, alg := range devices {
+			if alg == "" {
+				return res, mxerr.InvalidParam("one_time_keys.%s.%s: algorithm is empty", userID, deviceID)
+			}
+			reqs = append(reqs, storage.ClaimRequest{UserID: userID, DeviceID: deviceID, Algorithm: alg})
+		}
+	}
+	claimed, err := s.claimLocal(ctx, reqs)
+	if err != nil {
+		return res, err
+	}
+	for _, k := range claimed {
+		byDevice := res.OneTimeKeys[k.UserID]
+		if byDevice == nil {
+			byDevice = map[string]map[string]json.RawMessage{}
+			res.OneTimeKeys[k.UserID] = byDevice
+		}
+		byDevice[k.DeviceID] = map[string]json.RawMessage{k.Key.FullID(): k.Key.JSON}
+	}
+	return res, nil
+}
+
+// claimLocal claims keys of local devices in a fixed order (so concurrent
+// claims lock rows in the same order) and wakes the owners' /sync, whose
+// key counts changed.
+func (s *Service) claimLocal(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	sort.Slice(reqs, func(i, j int) bool {
+		if reqs[i].UserID != reqs[j].UserID {
+			return reqs[i].UserID < reqs[j].UserID
+		}
+		return reqs[i].DeviceID < reqs[j].DeviceID
+	})
+	claimed, err := s.db.ClaimKeys(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	owners := make([]string, 0, len(claimed))
+	for _, k := range claimed {
+		if len(owners) == 0 || owners[len(owners)-1] != k.UserID {
+			owners = append(owners, k.UserID)
+		}
+	}
+	s.notifier.UserKeysChanged(owners...)
+	return claimed, nil
+}

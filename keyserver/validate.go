@@ -1,0 +1,242 @@
+package keyserver
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/matrix-org/gomatrixserverlib"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+)
+
+// DeviceKeys is the DeviceKeys object of the spec, as parsed for checking.
+type DeviceKeys struct {
+	UserID     string
+	DeviceID   string
+	Algorithms []string
+	Keys       map[string]string
+	// Canonical is the whole object as canonical JSON without "unsigned",
+	// the form it is stored and compared in.
+	Canonical []byte
+}
+
+// Ed25519 returns the device's ed25519 identity key.
+func (d *DeviceKeys) Ed25519() string { return d.Keys["ed25519:"+d.DeviceID] }
+
+// Curve25519 returns the device's curve25519 identity key.
+func (d *DeviceKeys) Curve25519() string { return d.Keys["curve25519:"+d.DeviceID] }
+
+// decodeBase64 accepts unpadded (as sent) and padded standard base64.
+func decodeBase64(s string) ([]byte, error) {
+	return base64.RawStdEncoding.DecodeString(strings.TrimRight(s, "="))
+}
+
+// canonical returns the canonical JSON of an object without "unsigned".
+func canonical(raw json.RawMessage) ([]byte, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	delete(obj, "unsigned")
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	return gomatrixserverlib.CanonicalJSON(b)
+}
+
+// canonicalValue returns the canonical JSON of any JSON value.
+func canonicalValue(raw json.RawMessage) ([]byte, error) {
+	if t := bytes.TrimSpace(raw); len(t) > 0 && t[0] == '{' {
+		return canonical(raw)
+	}
+	return gomatrixserverlib.CanonicalJSON(raw)
+}
+
+// ParseDeviceKeys checks the shape of a DeviceKeys object: every field
+// present with its type, key names "<algorithm>:<device_id>", ed25519 and
+// curve25519 values 32-byte base64. It does not check the signature.
+func ParseDeviceKeys(raw json.RawMessage) (*DeviceKeys, error) {
+	var f struct {
+		UserID     *string                      `json:"user_id"`
+		DeviceID   *string                      `json:"device_id"`
+		Algorithms []string                     `json:"algorithms"`
+		Keys       map[string]string            `json:"keys"`
+		Signatures map[string]map[string]string `json:"signatures"`
+	}
+	if t := bytes.TrimSpace(raw); len(t) == 0 || t[0] != '{' {
+		return nil, mxerr.BadJSON("device_keys must be an object")
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, mxerr.BadJSON("device_keys has the wrong shape: %v", err)
+	}
+	switch {
+	case f.UserID == nil:
+		return nil, mxerr.BadJSON("device_keys.user_id is required")
+	case f.DeviceID == nil:
+		return nil, mxerr.BadJSON("device_keys.device_id is required")
+	case f.Algorithms == nil:
+		return nil, mxerr.BadJSON("device_keys.algorithms is required")
+	case f.Keys == nil:
+		return nil, mxerr.BadJSON("device_keys.keys is required")
+	case f.Signatures == nil:
+		return nil, mxerr.BadJSON("device_keys.signatures is required")
+	}
+	d := &DeviceKeys{UserID: *f.UserID, DeviceID: *f.DeviceID, Algorithms: f.Algorithms, Keys: f.Keys}
+	for _, a := range f.Algorithms {
+		if a == "" {
+			return nil, mxerr.InvalidParam("device_keys.algorithms must not contain empty names")
+		}
+	}
+	for name, value := range f.Keys {
+		alg, id, ok := strings.Cut(name, ":")
+		if !ok || alg == "" || id != d.DeviceID {
+			return nil, mxerr.InvalidParam("device_keys.keys: key name %q must be <algorithm>:%s", name, d.DeviceID)
+		}
+		if alg == "ed25519" || alg == "curve25519" {
+			if b, err := decodeBase64(value); err != nil || len(b) != 32 {
+				return nil, mxerr.InvalidParam("device_keys.keys: %s is not a 32-byte base64 key", name)
+			}
+		}
+	}
+	if d.Ed25519() == "" {
+		return nil, mxerr.InvalidParam("device_keys.keys must contain ed25519:%s", d.DeviceID)
+	}
+	var err error
+	if d.Canonical, err = canonical(raw); err != nil {
+		return nil, mxerr.BadJSON("device_keys is not valid canonical JSON: %v", err)
+	}
+	return d, nil
+}
+
+// VerifySelfSignature checks the device's signature of its own keys.
+func (d *DeviceKeys) VerifySelfSignature() error {
+	if err := verifySignedBy(d.Canonical, d.UserID, d.DeviceID, d.Ed25519()); err != nil {
+		return mxerr.InvalidParam("device_keys: %v", err)
+	}
+	return nil
+}
+
+// verifySignedBy checks signatures[userID]["ed25519:<deviceID>"] over the
+// canonical JSON of obj with the given base64 ed25519 key.
+func verifySignedBy(obj []byte, userID, deviceID, ed25519Key string) error {
+	pub, err := decodeBase64(ed25519Key)
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		return errors.New("the device's ed25519 key is not valid")
+	}
+	keyID := gomatrixserverlib.KeyID("ed25519:" + deviceID)
+	if err := gomatrixserverlib.VerifyJSON(userID, keyID, ed25519.PublicKey(pub), obj); err != nil {
+		return fmt.Errorf("no valid signature by %s %s", userID, keyID)
+	}
+	return nil
+}
+
+// parseKeyName splits a one-time or fallback key name "<algorithm>:<id>".
+func parseKeyName(name string) (alg, id string, err error) {
+	alg, id, ok := strings.Cut(name, ":")
+	if !ok || alg == "" || id == "" || len(name) > 255 {
+		return "", "", mxerr.InvalidParam("key name %q must be <algorithm>:<key id>", name)
+	}
+	return alg, id, nil
+}
+
+// checkOneTimeKey checks one one-time or fallback key and returns its
+// canonical JSON. Signed algorithms ("signed_curve25519") must be objects
+// with a key and a valid signature by the device; the legacy "curve25519"
+// is a bare base64 string; other algorithms must be a string or an object.
+func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID, ed25519Key string) ([]byte, error) {
+	alg, _, err := parseKeyName(name)
+	if err != nil {
+		return nil, err
+	}
+	t := bytes.TrimSpace(raw)
+	isObject := len(t) > 0 && t[0] == '{'
+	isString := len(t) > 0 && t[0] == '"'
+	switch {
+	case strings.HasPrefix(alg, "signed_"):
+		if !isObject {
+			return nil, mxerr.BadJSON("%s.%s must be an object", field, name)
+		}
+		var k struct {
+			Key        *string         `json:"key"`
+			Signatures json.RawMessage `json:"signatures"`
+		}
+		if err := json.Unmarshal(raw, &k); err != nil || k.Key == nil {
+			return nil, mxerr.BadJSON("%s.%s must have a string \"key\"", field, name)
+		}
+		if alg == "signed_curve25519" {
+			if b, err := decodeBase64(*k.Key); err != nil || len(b) != 32 {
+				return nil, mxerr.InvalidParam("%s.%s: key is not a 32-byte base64 key", field, name)
+			}
+		}
+		if ed25519Key == "" {
+			return nil, mxerr.InvalidParam("%s: the device has no identity keys to verify %s with; upload device_keys first", field, name)
+		}
+		c, err := canonical(raw)
+		if err != nil {
+			return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
+		}
+		if err := verifySignedBy(c, userID, deviceID, ed25519Key); err != nil {
+			return nil, mxerr.InvalidParam("%s.%s: %v", field, name, err)
+		}
+		return c, nil
+	case alg == "curve25519":
+		var s string
+		if !isString || json.Unmarshal(raw, &s) != nil {
+			return nil, mxerr.BadJSON("%s.%s must be a string", field, name)
+		}
+		if b, err := decodeBase64(s); err != nil || len(b) != 32 {
+			return nil, mxerr.InvalidParam("%s.%s is not a 32-byte base64 key", field, name)
+		}
+	default:
+		if !isObject && !isString {
+			return nil, mxerr.BadJSON("%s.%s must be a string or an object", field, name)
+		}
+	}
+	c, err := canonicalValue(raw)
+	if err != nil {
+		return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
+	}
+	return c, nil
+}
+
+// orderedObject decodes a JSON object into its members in document order:
+// one-time keys are stored (and so claimed) in the order a client lists
+// them. A null or absent value yields no members.
+type member struct {
+	Name  string
+	Value json.RawMessage
+}
+
+func orderedObject(field string, raw json.RawMessage) ([]member, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || string(t) == "null" {
+		return nil, nil
+	}
+	if t[0] != '{' {
+		return nil, mxerr.BadJSON("%s must be an object", field)
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
+	if _, err := dec.Token(); err != nil { // the opening brace
+		return nil, mxerr.BadJSON("%s: %v", field, err)
+	}
+	var out []member
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, mxerr.BadJSON("%s: %v", field, err)
+		}
+		name, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, mxerr.BadJSON("%s: %v", field, err)
+		}
+		out = append(out, member{Name: name, Value: v})
+	}
+	return out, nil
+}

@@ -1,0 +1,45 @@
+// Package postgres holds what is particular to PostgreSQL: opening a
+// connection pool and how its SQL differs from the shared dialect used by
+// package sqlstore.
+package postgres
+
+import (
+	"database/sql"
+	"errors"
+	"strings"
+
+	"github.com/lib/pq"
+)
+
+// Types replaces the type placeholders of the shared schema.
+var Types = map[string]string{
+	"{{ID}}":     "BIGSERIAL PRIMARY KEY",
+	"{{BLOB}}":   "BYTEA",
+	"{{BIGINT}}": "BIGINT",
+}
+
+// IsURI reports whether uri names a PostgreSQL database.
+func IsURI(uri string) bool {
+	return strings.HasPrefix(uri, "postgres://") || strings.HasPrefix(uri, "postgresql://")
+}
+
+// Open opens a connection pool to the database at uri.
+func Open(uri string) (*sql.DB, error) {
+	db, err := sql.Open("postgres", uri)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	return db, nil
+}
+
+// IsUniqueViolation reports whether err is a unique constraint failure.
+func IsUniqueViolation(err error) bool {
+	var pe *pq.Error
+	return errors.As(err, &pe) && pe.Code == "23505"
+}
+
+// MigrationLock is the advisory lock key that keeps several daemons sharing
+// one database from migrating it at the same time.
+const MigrationLock = 0x6b657973 // "keys"

@@ -1,0 +1,87 @@
+// Package sqlite3 holds what is particular to SQLite: how to open the
+// embedded database file and tune it, and how its SQL differs from the
+// shared dialect used by package sqlstore.
+package sqlite3
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/mattn/go-sqlite3"
+)
+
+// Types replaces the type placeholders of the shared schema.
+var Types = map[string]string{
+	"{{ID}}":     "INTEGER PRIMARY KEY AUTOINCREMENT",
+	"{{BLOB}}":   "BLOB",
+	"{{BIGINT}}": "INTEGER",
+}
+
+// IsURI reports whether uri names an SQLite database: "file:..." or a plain
+// path.
+func IsURI(uri string) bool {
+	return !strings.Contains(uri, "://")
+}
+
+// Open opens the SQLite database at uri ("file:path" or a path), creating
+// its directory if needed, with the settings the store relies on: WAL so
+// readers never wait for the writer, a busy timeout for other processes,
+// foreign keys, and immediate write transactions.
+func Open(uri string) (*sql.DB, error) {
+	path := strings.TrimPrefix(uri, "file:")
+	query := ""
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path, query = path[:i], path[i+1:]
+	}
+	if path == "" {
+		return nil, errors.New("sqlite: empty database path")
+	}
+	if path != ":memory:" {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("sqlite: create directory for %s: %w", path, err)
+		}
+	}
+	params, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: bad parameters in %q: %w", uri, err)
+	}
+	// busy_timeout must be in force before the journal mode is switched.
+	setDefault(params, "_busy_timeout", "10000")
+	setDefault(params, "_journal_mode", "WAL")
+	setDefault(params, "_synchronous", "NORMAL")
+	setDefault(params, "_foreign_keys", "on")
+	setDefault(params, "_txlock", "immediate")
+	db, err := sql.Open("sqlite3", "file:"+path+"?"+params.Encode())
+	if err != nil {
+		return nil, err
+	}
+	if path == ":memory:" {
+		// Every connection would get its own empty database.
+		db.SetMaxOpenConns(1)
+	} else {
+		db.SetMaxOpenConns(8)
+	}
+	db.SetMaxIdleConns(8)
+	return db, nil
+}
+
+func setDefault(v url.Values, key, value string) {
+	if v.Get(key) == "" {
+		v.Set(key, value)
+	}
+}
+
+// IsUniqueViolation reports whether err is a UNIQUE or PRIMARY KEY
+// constraint failure.
+func IsUniqueViolation(err error) bool {
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		return se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey
+	}
+	return false
+}

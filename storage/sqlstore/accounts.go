@@ -1,0 +1,49 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// CreateAccount creates an account and, when login is not nil, logs in its
+// first device, in one transaction.
+func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, login *storage.NewLogin) (storage.LoginResult, error) {
+	var res storage.LoginResult
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var ts int64
+		if login != nil {
+			ts = login.TS
+		}
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO accounts (user_id, password_hash, created_ts) VALUES ($1, $2, $3)`,
+			userID, passwordHash, ts); err != nil {
+			if s.d.isUniqueViolation(err) {
+				return storage.ErrUserExists
+			}
+			return err
+		}
+		if login == nil {
+			return nil
+		}
+		var err error
+		res, err = s.login(ctx, tx, *login)
+		return err
+	})
+	return res, err
+}
+
+// AccountExists reports whether the user has an account.
+func (s *Store) AccountExists(ctx context.Context, userID string) (bool, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM accounts WHERE user_id = $1`, userID).Scan(&n)
+	return n > 0, err
+}
+
+// PasswordHash returns the user's password hash, or storage.ErrNotFound.
+func (s *Store) PasswordHash(ctx context.Context, userID string) (string, error) {
+	var h string
+	err := s.db.QueryRowContext(ctx, `SELECT password_hash FROM accounts WHERE user_id = $1`, userID).Scan(&h)
+	return h, notFound(err)
+}

@@ -1,0 +1,192 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Login issues an access token for a device, creating the device when it
+// is new. Tokens issued earlier for the same device are revoked: a token is
+// bound to exactly one device, and naming an existing device takes it over.
+func (s *Store) Login(ctx context.Context, login storage.NewLogin) (storage.LoginResult, error) {
+	var res storage.LoginResult
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var err error
+		res, err = s.login(ctx, tx, login)
+		return err
+	})
+	return res, err
+}
+
+func (s *Store) login(ctx context.Context, tx *sql.Tx, l storage.NewLogin) (storage.LoginResult, error) {
+	var res storage.LoginResult
+	r, err := tx.ExecContext(ctx, `
+		INSERT INTO devices (user_id, device_id, display_name, created_ts, last_seen_ts, last_seen_ip)
+		VALUES ($1, $2, $3, $4, $4, $5)
+		ON CONFLICT (user_id, device_id) DO NOTHING`,
+		l.UserID, l.DeviceID, l.DisplayName, l.TS, l.IP)
+	if err != nil {
+		return res, err
+	}
+	if n, _ := r.RowsAffected(); n > 0 {
+		// A new, still keyless device is a change of the user's device list.
+		res.DeviceCreated = true
+		if res.Pos, err = recordDeviceChange(ctx, tx, l.UserID, l.DeviceID, false); err != nil {
+			return res, err
+		}
+	} else {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2`, l.UserID, l.DeviceID); err != nil {
+			return res, err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE devices SET last_seen_ts = $1, last_seen_ip = $2 WHERE user_id = $3 AND device_id = $4`,
+			l.TS, l.IP, l.UserID, l.DeviceID); err != nil {
+			return res, err
+		}
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts) VALUES ($1, $2, $3, $4)`,
+		l.TokenHash, l.UserID, l.DeviceID, l.TS)
+	return res, err
+}
+
+// TokenOwner returns the user and device an access token belongs to.
+func (s *Store) TokenOwner(ctx context.Context, tokenHash string) (string, string, error) {
+	var userID, deviceID string
+	err := s.db.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
+		Scan(&userID, &deviceID)
+	return userID, deviceID, notFound(err)
+}
+
+const deviceColumns = `user_id, device_id, display_name, key_json, last_seen_ip, last_seen_ts`
+
+func scanDevice(sc interface{ Scan(...any) error }) (storage.Device, error) {
+	var d storage.Device
+	var name sql.NullString
+	var keys []byte
+	if err := sc.Scan(&d.UserID, &d.DeviceID, &name, &keys, &d.LastSeenIP, &d.LastSeenTS); err != nil {
+		return d, err
+	}
+	if name.Valid {
+		d.DisplayName = &name.String
+	}
+	if keys != nil {
+		d.KeyJSON = keys
+	}
+	return d, nil
+}
+
+func (s *Store) queryDevices(ctx context.Context, query string, params ...any) ([]storage.Device, error) {
+	rows, err := s.db.QueryContext(ctx, query, params...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storage.Device
+	for rows.Next() {
+		d, err := scanDevice(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// Devices lists a user's devices ordered by device ID.
+func (s *Store) Devices(ctx context.Context, userID string) ([]storage.Device, error) {
+	return s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE user_id = $1 ORDER BY device_id`, userID)
+}
+
+// Device returns one device, or storage.ErrNotFound.
+func (s *Store) Device(ctx context.Context, userID, deviceID string) (storage.Device, error) {
+	d, err := scanDevice(s.db.QueryRowContext(ctx,
+		`SELECT `+deviceColumns+` FROM devices WHERE user_id = $1 AND device_id = $2`, userID, deviceID))
+	return d, notFound(err)
+}
+
+// DevicesWithKeys returns the devices of the given users that have uploaded
+// identity keys, in a single query however many users are named.
+func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) ([]storage.Device, error) {
+	if len(userIDs) == 0 {
+		return nil, nil
+	}
+	return s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices
+		WHERE key_json IS NOT NULL AND user_id IN (`+placeholders(1, len(userIDs))+`)`, args(nil, userIDs)...)
+}
+
+// SetDeviceDisplayName renames a device. Renaming to the current name
+// changes nothing and returns position 0.
+func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (storage.StreamPos, error) {
+	var pos storage.StreamPos
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var old sql.NullString
+		err := tx.QueryRowContext(ctx, `SELECT display_name FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
+			userID, deviceID).Scan(&old)
+		if err != nil {
+			return notFound(err)
+		}
+		if old.Valid && old.String == name {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE devices SET display_name = $1 WHERE user_id = $2 AND device_id = $3`,
+			name, userID, deviceID); err != nil {
+			return err
+		}
+		pos, err = recordDeviceChange(ctx, tx, userID, deviceID, false)
+		return err
+	})
+	return pos, err
+}
+
+// DeleteDevices deletes devices with everything that belongs to them: access
+// tokens, identity keys, one-time and fallback keys. Each deleted device is
+// a device-list change.
+func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []string) ([]string, storage.StreamPos, error) {
+	var (
+		deleted []string
+		pos     storage.StreamPos
+	)
+	if deviceIDs != nil && len(deviceIDs) == 0 {
+		return nil, 0, nil
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		deleted = nil
+		query := `SELECT device_id FROM devices WHERE user_id = $1`
+		if deviceIDs != nil {
+			query += ` AND device_id IN (` + placeholders(2, len(deviceIDs)) + `)`
+		}
+		rows, err := tx.QueryContext(ctx, query+` ORDER BY device_id`+s.d.forUpdate, args([]any{userID}, deviceIDs)...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			deleted = append(deleted, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(deleted) == 0 {
+			return nil
+		}
+		in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
+		for _, table := range []string{"access_tokens", "one_time_keys", "fallback_keys", "devices"} {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
+				return err
+			}
+		}
+		for _, id := range deleted {
+			if pos, err = recordDeviceChange(ctx, tx, userID, id, true); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return deleted, pos, err
+}

@@ -1,0 +1,226 @@
+package sqlstore
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"sort"
+	"strings"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// UploadKeys runs one key upload as a single transaction. It reads the
+// device's key state (locking the device row, so uploads for one device
+// queue behind each other), lets decide choose what to write from it, and
+// writes that. decide's error aborts the upload with nothing written.
+// oneTimeKeyIDs are the full IDs ("alg:id") the upload names, so that the
+// state includes any of them already stored.
+func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
+	decide func(storage.KeyState) (storage.KeyWrite, error)) (storage.UploadResult, error) {
+	var res storage.UploadResult
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		res = storage.UploadResult{}
+		state, err := s.keyState(ctx, tx, userID, deviceID, oneTimeKeyIDs)
+		if err != nil {
+			return err
+		}
+		w, err := decide(state)
+		if err != nil {
+			return err
+		}
+		if w.DeviceKeys != nil && !bytes.Equal(w.DeviceKeys, state.DeviceKeys) {
+			if _, err := tx.ExecContext(ctx, `UPDATE devices SET key_json = $1 WHERE user_id = $2 AND device_id = $3`,
+				string(w.DeviceKeys), userID, deviceID); err != nil {
+				return err
+			}
+			if res.Pos, err = recordDeviceChange(ctx, tx, userID, deviceID, false); err != nil {
+				return err
+			}
+		}
+		if err := insertOneTimeKeys(ctx, tx, userID, deviceID, w.OneTimeKeys); err != nil {
+			return err
+		}
+		for _, k := range w.FallbackKeys {
+			if _, err := tx.ExecContext(ctx, `
+				INSERT INTO fallback_keys (user_id, device_id, algorithm, key_id, key_json, used)
+				VALUES ($1, $2, $3, $4, $5, FALSE)
+				ON CONFLICT (user_id, device_id, algorithm)
+				DO UPDATE SET key_id = excluded.key_id, key_json = excluded.key_json, used = FALSE`,
+				userID, deviceID, k.Algorithm, k.KeyID, string(k.JSON)); err != nil {
+				return err
+			}
+		}
+		res.Counts = state.Counts
+		for _, k := range w.OneTimeKeys {
+			res.Counts[k.Algorithm]++
+		}
+		return nil
+	})
+	return res, err
+}
+
+func (s *Store) keyState(ctx context.Context, tx *sql.Tx, userID, deviceID string, otkIDs []string) (storage.KeyState, error) {
+	st := storage.KeyState{
+		ExistingOneTimeKeys: map[string][]byte{},
+		Counts:              map[string]int{},
+		Fallback:            map[string]storage.FallbackKey{},
+	}
+	var keys []byte
+	err := tx.QueryRowContext(ctx, `SELECT key_json FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
+		userID, deviceID).Scan(&keys)
+	if err != nil {
+		return st, notFound(err)
+	}
+	st.DeviceKeys = keys
+
+	rows, err := tx.QueryContext(ctx, `SELECT algorithm, COUNT(*) FROM one_time_keys
+		WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm`, userID, deviceID)
+	if err != nil {
+		return st, err
+	}
+	for rows.Next() {
+		var alg string
+		var n int
+		if err := rows.Scan(&alg, &n); err != nil {
+			rows.Close()
+			return st, err
+		}
+		st.Counts[alg] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, err
+	}
+
+	if len(otkIDs) > 0 {
+		// Match on the concatenated full ID so one IN list serves every
+		// algorithm; the unique index still bounds the scan to this device.
+		rows, err := tx.QueryContext(ctx, `SELECT algorithm, key_id, key_json FROM one_time_keys
+			WHERE user_id = $1 AND device_id = $2 AND algorithm || ':' || key_id IN (`+placeholders(3, len(otkIDs))+`)`,
+			args([]any{userID, deviceID}, otkIDs)...)
+		if err != nil {
+			return st, err
+		}
+		for rows.Next() {
+			var k storage.Key
+			if err := rows.Scan(&k.Algorithm, &k.KeyID, &k.JSON); err != nil {
+				rows.Close()
+				return st, err
+			}
+			st.ExistingOneTimeKeys[k.FullID()] = k.JSON
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return st, err
+		}
+	}
+
+	rows, err = tx.QueryContext(ctx, `SELECT algorithm, key_id, key_json, used FROM fallback_keys
+		WHERE user_id = $1 AND device_id = $2`, userID, deviceID)
+	if err != nil {
+		return st, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var f storage.FallbackKey
+		if err := rows.Scan(&f.Algorithm, &f.KeyID, &f.JSON, &f.Used); err != nil {
+			return st, err
+		}
+		st.Fallback[f.Algorithm] = f
+	}
+	return st, rows.Err()
+}
+
+// insertOneTimeKeys stores keys in their order with multi-row INSERTs, so
+// that ids (and so claim order) follow upload order.
+func insertOneTimeKeys(ctx context.Context, tx *sql.Tx, userID, deviceID string, keys []storage.Key) error {
+	const perStatement = 200 // 5 parameters a row stays far below every limit
+	for len(keys) > 0 {
+		n := min(len(keys), perStatement)
+		var b strings.Builder
+		b.WriteString(`INSERT INTO one_time_keys (user_id, device_id, algorithm, key_id, key_json) VALUES `)
+		params := make([]any, 0, 2+3*n)
+		params = append(params, userID, deviceID)
+		for i, k := range keys[:n] {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("($1, $2, ")
+			b.WriteString(placeholders(3+3*i, 3))
+			b.WriteString(")")
+			params = append(params, k.Algorithm, k.KeyID, string(k.JSON))
+		}
+		if _, err := tx.ExecContext(ctx, b.String(), params...); err != nil {
+			return err
+		}
+		keys = keys[n:]
+	}
+	return nil
+}
+
+// ClaimKeys hands out one key per request, in one transaction: the oldest
+// unclaimed one-time key of the algorithm, deleted by the same statement
+// that returns it so no key is ever handed out twice; when none is left,
+// the fallback key, which stays stored and is marked used. Requests that
+// find neither are left out of the result.
+func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
+	var out []storage.ClaimedKey
+	claimOTK := `DELETE FROM one_time_keys WHERE id = (
+		SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
+		ORDER BY id LIMIT 1` + s.d.skipLocked + `)
+		RETURNING key_id, key_json`
+	const claimFallback = `UPDATE fallback_keys SET used = TRUE
+		WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
+		RETURNING key_id, key_json`
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		out = out[:0]
+		for _, r := range reqs {
+			c := storage.ClaimedKey{UserID: r.UserID, DeviceID: r.DeviceID, Key: storage.Key{Algorithm: r.Algorithm}}
+			err := tx.QueryRowContext(ctx, claimOTK, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
+			if err == sql.ErrNoRows {
+				c.Fallback = true
+				err = tx.QueryRowContext(ctx, claimFallback, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
+				if err == sql.ErrNoRows {
+					continue
+				}
+			}
+			if err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// KeyCounts returns a device's unclaimed one-time keys per algorithm and the
+// algorithms whose fallback key has not been handed out, in one query.
+func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (map[string]int, []string, error) {
+	rows, err := s.db.QueryContext(ctx, `
+		SELECT 'otk', algorithm, COUNT(*) FROM one_time_keys WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm
+		UNION ALL
+		SELECT 'fallback', algorithm, 0 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND NOT used`,
+		userID, deviceID)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	counts := map[string]int{}
+	unused := []string{}
+	for rows.Next() {
+		var kind, alg string
+		var n int
+		if err := rows.Scan(&kind, &alg, &n); err != nil {
+			return nil, nil, err
+		}
+		if kind == "otk" {
+			counts[alg] = n
+		} else {
+			unused = append(unused, alg)
+		}
+	}
+	sort.Strings(unused)
+	return counts, unused, rows.Err()
+}

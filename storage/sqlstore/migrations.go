@@ -1,0 +1,186 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/postgres"
+)
+
+// migration is one numbered step of the schema. Its SQL is shared by both
+// databases; {{...}} placeholders are replaced by the dialect's types.
+// Steps are never edited once released: a change is a new step.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+var migrations = []migration{
+	{1, "accounts, devices, keys, device-list stream, memberships", `
+CREATE TABLE accounts (
+	user_id       TEXT PRIMARY KEY,
+	password_hash TEXT NOT NULL,
+	created_ts    {{BIGINT}} NOT NULL
+);
+
+CREATE TABLE devices (
+	user_id      TEXT NOT NULL,
+	device_id    TEXT NOT NULL,
+	display_name TEXT,
+	-- identity keys as canonical JSON; NULL until the device uploads them
+	key_json     TEXT,
+	created_ts   {{BIGINT}} NOT NULL,
+	last_seen_ts {{BIGINT}} NOT NULL,
+	last_seen_ip TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (user_id, device_id)
+);
+
+-- only a hash of each token is kept, so a copy of the database cannot be
+-- used to act as a user
+CREATE TABLE access_tokens (
+	token_hash TEXT PRIMARY KEY,
+	user_id    TEXT NOT NULL,
+	device_id  TEXT NOT NULL,
+	created_ts {{BIGINT}} NOT NULL
+);
+CREATE INDEX access_tokens_device ON access_tokens (user_id, device_id);
+
+-- id orders keys by upload, so claims hand out the oldest first
+CREATE TABLE one_time_keys (
+	id        {{ID}},
+	user_id   TEXT NOT NULL,
+	device_id TEXT NOT NULL,
+	algorithm TEXT NOT NULL,
+	key_id    TEXT NOT NULL,
+	key_json  TEXT NOT NULL,
+	UNIQUE (user_id, device_id, algorithm, key_id)
+);
+CREATE INDEX one_time_keys_claim ON one_time_keys (user_id, device_id, algorithm, id);
+
+CREATE TABLE fallback_keys (
+	user_id   TEXT NOT NULL,
+	device_id TEXT NOT NULL,
+	algorithm TEXT NOT NULL,
+	key_id    TEXT NOT NULL,
+	key_json  TEXT NOT NULL,
+	used      BOOLEAN NOT NULL DEFAULT FALSE,
+	PRIMARY KEY (user_id, device_id, algorithm)
+);
+
+-- the one counter all stream positions come from (see nextPos)
+CREATE TABLE stream_position (
+	id  INTEGER PRIMARY KEY,
+	pos {{BIGINT}} NOT NULL
+);
+INSERT INTO stream_position (id, pos) VALUES (1, 0);
+
+CREATE TABLE device_list_changes (
+	pos       {{BIGINT}} PRIMARY KEY,
+	user_id   TEXT NOT NULL,
+	device_id TEXT NOT NULL,
+	deleted   BOOLEAN NOT NULL
+);
+CREATE INDEX device_list_changes_user ON device_list_changes (user_id, pos);
+
+CREATE TABLE memberships (
+	room_id    TEXT NOT NULL,
+	user_id    TEXT NOT NULL,
+	membership TEXT NOT NULL,
+	pos        {{BIGINT}} NOT NULL,
+	PRIMARY KEY (room_id, user_id)
+);
+CREATE INDEX memberships_user ON memberships (user_id, membership);
+`},
+}
+
+// migrate applies every step the database has not seen, each in its own
+// transaction, and refuses a database written by a newer version.
+func (s *Store) migrate(ctx context.Context) error {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if s.d.name == "postgres" {
+		// Several daemons may share the database and start together.
+		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, postgres.MigrationLock); err != nil {
+			return fmt.Errorf("lock for migrations: %w", err)
+		}
+		defer conn.ExecContext(context.Background(), `SELECT pg_advisory_unlock($1)`, postgres.MigrationLock) //nolint:errcheck
+	}
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    INTEGER PRIMARY KEY,
+		name       TEXT NOT NULL,
+		applied_ts `+s.d.types["{{BIGINT}}"]+` NOT NULL)`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	var newest sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&newest); err != nil {
+		return err
+	}
+	latest := migrations[len(migrations)-1].version
+	if newest.Valid && int(newest.Int64) > latest {
+		return fmt.Errorf("%w: schema version %d, this program knows up to %d", storage.ErrTooNew, newest.Int64, latest)
+	}
+	for _, m := range migrations {
+		if newest.Valid && m.version <= int(newest.Int64) {
+			continue
+		}
+		if err := s.apply(ctx, conn, m); err != nil {
+			return fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) apply(ctx context.Context, conn *sql.Conn, m migration) error {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck
+	var done int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = $1`, m.version).Scan(&done); err != nil {
+		return err
+	}
+	if done > 0 {
+		return nil
+	}
+	ddl := m.sql
+	for k, v := range s.d.types {
+		ddl = strings.ReplaceAll(ddl, k, v)
+	}
+	for _, stmt := range splitStatements(ddl) {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("%w in: %s", err, stmt)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_ts) VALUES ($1, $2, $3)`,
+		m.version, m.name, time.Now().UnixMilli()); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// splitStatements splits a migration at semicolons that end a line; the
+// schema uses no semicolons inside statements.
+func splitStatements(sqlText string) []string {
+	var out []string
+	for _, part := range strings.Split(sqlText, ";\n") {
+		var lines []string
+		for _, line := range strings.Split(part, "\n") {
+			if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "--") {
+				lines = append(lines, line)
+			}
+		}
+		if stmt := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(strings.Join(lines, "\n")), ";")); stmt != "" {
+			out = append(out, stmt)
+		}
+	}
+	return out
+}

@@ -1,0 +1,164 @@
+// Package sqlstore implements storage.Database once for both SQLite and
+// PostgreSQL. The SQL is written in the subset both dialects share ($n
+// placeholders numbered in order of first appearance, ON CONFLICT,
+// RETURNING, IN lists expanded here); the few differences come from
+// packages sqlite3 and postgres through the dialect struct.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/postgres"
+	"github.com/keyserver/keyserver/storage/sqlite3"
+)
+
+// dialect is what differs between the databases.
+type dialect struct {
+	name string
+	// types replaces the placeholders in the schema.
+	types map[string]string
+	// forUpdate is appended to a SELECT that must lock the rows it reads
+	// until the transaction ends; SQLite needs none (one writer at a time).
+	forUpdate string
+	// skipLocked is appended to the claim subquery so that concurrent claims
+	// take different keys instead of waiting for and then missing the same one.
+	skipLocked string
+	// serialWrites makes write transactions queue in this process: SQLite has
+	// a single writer, and waiting on a Go mutex is cheaper and fairer than
+	// spinning on SQLITE_BUSY.
+	serialWrites      bool
+	isUniqueViolation func(error) bool
+}
+
+// Store is the SQL implementation of storage.Database.
+type Store struct {
+	db      *sql.DB
+	d       dialect
+	writeMu sync.Mutex
+}
+
+var _ storage.Database = (*Store)(nil)
+
+// Open connects to the database named by uri (a PostgreSQL URL, or an SQLite
+// "file:" URI or path) and brings its schema up to date.
+func Open(ctx context.Context, uri string) (*Store, error) {
+	var (
+		db  *sql.DB
+		d   dialect
+		err error
+	)
+	switch {
+	case postgres.IsURI(uri):
+		db, err = postgres.Open(uri)
+		d = dialect{
+			name: "postgres", types: postgres.Types,
+			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
+			isUniqueViolation: postgres.IsUniqueViolation,
+		}
+	case sqlite3.IsURI(uri):
+		db, err = sqlite3.Open(uri)
+		d = dialect{
+			name: "sqlite3", types: sqlite3.Types,
+			serialWrites: true, isUniqueViolation: sqlite3.IsUniqueViolation,
+		}
+	default:
+		return nil, fmt.Errorf("unsupported database %q", uri)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, d: d}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
+	}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Dialect names the database in use ("sqlite3" or "postgres").
+func (s *Store) Dialect() string { return s.d.name }
+
+// DB exposes the pool, for health checks and tests.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close closes the pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// write runs fn in one transaction, committing when it returns nil.
+func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	if s.d.serialWrites {
+		s.writeMu.Lock()
+		defer s.writeMu.Unlock()
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// nextPos allocates the next stream position. The counter row stays locked
+// until the transaction ends, so positions become visible in the order they
+// were handed out and a reader that sees position P has seen all below it.
+func nextPos(ctx context.Context, tx *sql.Tx) (storage.StreamPos, error) {
+	var pos storage.StreamPos
+	err := tx.QueryRowContext(ctx, `UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos`).Scan(&pos)
+	return pos, err
+}
+
+// recordDeviceChange adds a device-list change of userID at a new position.
+func recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+	pos, err := nextPos(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	_, err = tx.ExecContext(ctx,
+		`INSERT INTO device_list_changes (pos, user_id, device_id, deleted) VALUES ($1, $2, $3, $4)`,
+		pos, userID, deviceID, deleted)
+	return pos, err
+}
+
+// placeholders returns "$from, $from+1, ..." for n values.
+func placeholders(from, n int) string {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(from + i))
+	}
+	return b.String()
+}
+
+// args appends strings to a parameter list.
+func args(head []any, values []string) []any {
+	out := make([]any, 0, len(head)+len(values))
+	out = append(out, head...)
+	for _, v := range values {
+		out = append(out, v)
+	}
+	return out
+}
+
+func notFound(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return storage.ErrNotFound
+	}
+	return err
+}

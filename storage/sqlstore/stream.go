@@ -1,0 +1,108 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sort"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// CurrentPos returns the newest stream position; every change at or below
+// it is committed.
+func (s *Store) CurrentPos(ctx context.Context) (storage.StreamPos, error) {
+	var pos storage.StreamPos
+	err := s.db.QueryRowContext(ctx, `SELECT pos FROM stream_position WHERE id = 1`).Scan(&pos)
+	return pos, err
+}
+
+// sharesRoom is true when user $1 and the user in column col are both
+// joined to some room.
+const sharesRoom = `EXISTS (
+	SELECT 1 FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
+	WHERE mine.user_id = $1 AND mine.membership = 'join'
+	AND theirs.user_id = %s AND theirs.membership = 'join')`
+
+// The users whose device lists user $1 must re-fetch after position $2, up
+// to $3: users sharing a room with $1 (or $1 itself) with a device change
+// in the range, and users with whom $1 began to share a room in the range
+// (either joined a room the other is in).
+var changedQuery = `
+SELECT c.user_id FROM device_list_changes c
+WHERE (c.user_id = $1 OR ` + fmt.Sprintf(sharesRoom, "c.user_id") + `) AND c.pos > $2 AND c.pos <= $3
+UNION
+SELECT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
+WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join' AND theirs.user_id <> $1
+AND ((theirs.pos > $2 AND theirs.pos <= $3) OR (mine.pos > $2 AND mine.pos <= $3))`
+
+// The users $1 stopped sharing every room with in the range: those who left
+// a room $1 is or was in, and the members of rooms $1 left, that now share
+// no room with $1.
+var leftQuery = `
+SELECT DISTINCT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
+WHERE mine.user_id = $1 AND theirs.user_id <> $1
+AND ((theirs.membership = 'leave' AND theirs.pos > $2 AND theirs.pos <= $3)
+  OR (mine.membership = 'leave' AND mine.pos > $2 AND mine.pos <= $3 AND theirs.membership = 'join'))
+AND NOT ` + fmt.Sprintf(sharesRoom, "theirs.user_id")
+
+// DeviceListChanges answers /keys/changes and /sync's device_lists for
+// userID between two positions.
+func (s *Store) DeviceListChanges(ctx context.Context, userID string, from, to storage.StreamPos) (storage.DeviceListChanges, error) {
+	var res storage.DeviceListChanges
+	var err error
+	if to <= from {
+		return storage.DeviceListChanges{Changed: []string{}, Left: []string{}}, nil
+	}
+	if res.Changed, err = s.userList(ctx, changedQuery, userID, from, to); err != nil {
+		return res, err
+	}
+	if res.Left, err = s.userList(ctx, leftQuery, userID, from, to); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func (s *Store) userList(ctx context.Context, query string, params ...any) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, query, params...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	users := []string{}
+	for rows.Next() {
+		var u string
+		if err := rows.Scan(&u); err != nil {
+			return nil, err
+		}
+		users = append(users, u)
+	}
+	sort.Strings(users)
+	return users, rows.Err()
+}
+
+// SetMembership records a user's membership of a room. Setting the
+// membership it already has changes nothing and returns position 0.
+func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string) (storage.StreamPos, error) {
+	var pos storage.StreamPos
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var old string
+		err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
+			roomID, userID).Scan(&old)
+		if err != nil && err != sql.ErrNoRows {
+			return err
+		}
+		if old == membership {
+			return nil
+		}
+		if pos, err = nextPos(ctx, tx); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `
+			INSERT INTO memberships (room_id, user_id, membership, pos) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`,
+			roomID, userID, membership, pos)
+		return err
+	})
+	return pos, err
+}

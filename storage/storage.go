@@ -1,0 +1,162 @@
+// Package storage defines what the keyserver keeps in its database: the
+// records, the errors every backend reports in the same way, and the
+// Database interface the domain layer (package keyserver) works against.
+//
+// One implementation (package sqlstore) serves both SQLite and PostgreSQL;
+// the dialect differences live in packages sqlite3 and postgres.
+package storage
+
+import (
+	"context"
+	"errors"
+)
+
+// Sentinel errors, shared by every backend so callers never inspect driver
+// errors.
+var (
+	// ErrNotFound is returned when the named row does not exist.
+	ErrNotFound = errors.New("storage: not found")
+	// ErrUserExists is returned when an account with that user ID exists.
+	ErrUserExists = errors.New("storage: user exists")
+	// ErrTooNew is returned when the database schema is newer than this binary.
+	ErrTooNew = errors.New("storage: database schema is newer than this program")
+)
+
+// StreamPos is a position in the server-wide stream of device-list and
+// membership changes. Positions are strictly increasing and become visible
+// in order, so "everything up to P" is a consistent cut. /sync tokens are
+// built from them.
+type StreamPos int64
+
+// Device is one of a local user's devices.
+type Device struct {
+	UserID      string
+	DeviceID    string
+	DisplayName *string // nil when never set
+	// KeyJSON is the device's identity keys (DeviceKeys) as canonical JSON
+	// without "unsigned", or nil when the device has not uploaded keys.
+	KeyJSON    []byte
+	LastSeenIP string
+	LastSeenTS int64 // milliseconds
+}
+
+// NewLogin describes a device being logged in (by /register or /login)
+// together with the access token issued for it.
+type NewLogin struct {
+	UserID      string
+	DeviceID    string
+	DisplayName *string // only used when the device is created
+	TokenHash   string
+	IP          string
+	TS          int64 // milliseconds
+}
+
+// LoginResult tells what a login did.
+type LoginResult struct {
+	DeviceCreated bool
+	Pos           StreamPos // position of the device-list change, 0 if none
+}
+
+// Key is a one-time or fallback key of a device.
+type Key struct {
+	Algorithm string // e.g. "signed_curve25519"
+	KeyID     string // the part after the algorithm, e.g. "AAAAHg"
+	JSON      []byte // the key object (or bare string) as canonical JSON
+}
+
+// FullID returns "<algorithm>:<key id>", the name clients use.
+func (k Key) FullID() string { return k.Algorithm + ":" + k.KeyID }
+
+// FallbackKey is a device's fallback key for one algorithm.
+type FallbackKey struct {
+	Key
+	Used bool
+}
+
+// KeyState is what the database holds for a device when an upload starts;
+// the domain layer decides from it, inside the upload's transaction, what to
+// write.
+type KeyState struct {
+	DeviceKeys []byte // canonical JSON, nil if none
+	// ExistingOneTimeKeys maps FullID to stored JSON for the IDs the upload
+	// names that are already stored and unclaimed.
+	ExistingOneTimeKeys map[string][]byte
+	// Counts of unclaimed one-time keys per algorithm.
+	Counts map[string]int
+	// Fallback keys per algorithm.
+	Fallback map[string]FallbackKey
+}
+
+// KeyWrite is what an upload writes, decided from a KeyState.
+type KeyWrite struct {
+	DeviceKeys   []byte // new canonical device keys, nil to leave unchanged
+	OneTimeKeys  []Key  // new one-time keys, stored in this order
+	FallbackKeys []Key  // fallback keys replacing the stored ones, unused
+}
+
+// UploadResult is the state after an upload.
+type UploadResult struct {
+	Counts map[string]int // unclaimed one-time keys per algorithm
+	Pos    StreamPos      // device-list change position, 0 if none
+}
+
+// ClaimRequest names one key to claim.
+type ClaimRequest struct {
+	UserID, DeviceID, Algorithm string
+}
+
+// ClaimedKey is a key handed out by a claim.
+type ClaimedKey struct {
+	UserID, DeviceID string
+	Key              Key
+	Fallback         bool // true when the fallback key was handed out
+}
+
+// DeviceListChanges answers "whose device lists changed" for one user
+// between two stream positions.
+type DeviceListChanges struct {
+	Changed []string
+	Left    []string
+}
+
+// Database is everything the keyserver stores. Every method that writes
+// more than one row does so in one transaction.
+type Database interface {
+	// Accounts.
+	CreateAccount(ctx context.Context, userID, passwordHash string, login *NewLogin) (LoginResult, error)
+	AccountExists(ctx context.Context, userID string) (bool, error)
+	PasswordHash(ctx context.Context, userID string) (string, error)
+
+	// Devices and access tokens.
+	Login(ctx context.Context, login NewLogin) (LoginResult, error)
+	TokenOwner(ctx context.Context, tokenHash string) (userID, deviceID string, err error)
+	Devices(ctx context.Context, userID string) ([]Device, error)
+	Device(ctx context.Context, userID, deviceID string) (Device, error)
+	SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (StreamPos, error)
+	// DeleteDevices deletes the named devices (all of the user's when
+	// deviceIDs is nil) with their tokens and keys, and returns the IDs that
+	// existed and the position of the last change (0 when none existed).
+	DeleteDevices(ctx context.Context, userID string, deviceIDs []string) ([]string, StreamPos, error)
+
+	// Keys.
+	UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
+		decide func(KeyState) (KeyWrite, error)) (UploadResult, error)
+	// DevicesWithKeys returns the devices of the given users that have
+	// uploaded identity keys, in one round trip.
+	DevicesWithKeys(ctx context.Context, userIDs []string) ([]Device, error)
+	ClaimKeys(ctx context.Context, reqs []ClaimRequest) ([]ClaimedKey, error)
+	KeyCounts(ctx context.Context, userID, deviceID string) (counts map[string]int, unusedFallback []string, err error)
+
+	// Device-list stream and membership.
+	CurrentPos(ctx context.Context) (StreamPos, error)
+	DeviceListChanges(ctx context.Context, userID string, from, to StreamPos) (DeviceListChanges, error)
+	SetMembership(ctx context.Context, roomID, userID, membership string) (StreamPos, error)
+
+	Close() error
+}
+
+// Membership values.
+const (
+	MembershipJoin  = "join"
+	MembershipLeave = "leave"
+)
