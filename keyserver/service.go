@@ -60,6 +60,9 @@ func (s *Service) ServerName() string { return s.opts.ServerName }
 // Close releases waiting requests, for shutdown.
 func (s *Service) Close() { s.notifier.Close() }
 
+// WaitingSyncs counts the users with a /sync request waiting for news.
+func (s *Service) WaitingSyncs() int { return s.notifier.waiting() }
+
 // streamAdvanced tells waiters about a committed change at pos (0: none).
 func (s *Service) streamAdvanced(pos storage.StreamPos) {
 	if pos > 0 {

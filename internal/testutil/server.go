@@ -1,0 +1,254 @@
+package testutil
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/clientapi"
+	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/storage/sqlstore"
+)
+
+// AdminToken is the admin token of test servers.
+const AdminToken = "test-admin-token"
+
+// ServerOptions adjust a test server.
+type ServerOptions struct {
+	ServerName         string
+	RegistrationClosed bool
+	MaxOneTimeKeys     int
+	MaxRequestBytes    int64
+}
+
+// Server is a client API on a loopback listener, backed by a real store.
+type Server struct {
+	URL        string
+	ServerName string
+	Service    *keyserver.Service
+	Store      *sqlstore.Store
+}
+
+// NewServer starts a client API for the test on db.
+func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
+	t.Helper()
+	if o.ServerName == "" {
+		o.ServerName = "test.local"
+	}
+	store, err := sqlstore.Open(context.Background(), db.URI)
+	if err != nil {
+		t.Fatalf("open %s: %v", db.Name, err)
+	}
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	ks := keyserver.New(store, keyserver.Options{
+		ServerName:       o.ServerName,
+		RegistrationOpen: !o.RegistrationClosed,
+		BcryptCost:       4, // the minimum: tests check passwords, not bcrypt's strength
+		MaxOneTimeKeys:   o.MaxOneTimeKeys,
+		Logger:           log,
+	})
+	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log})
+	ts := httptest.NewServer(h)
+	t.Cleanup(func() {
+		ks.Close()
+		ts.Close()
+		store.Close()
+	})
+	return &Server{URL: ts.URL, ServerName: o.ServerName, Service: ks, Store: store}
+}
+
+// Response is a decoded answer.
+type Response struct {
+	Status int
+	Body   map[string]any
+	Raw    []byte
+}
+
+// Errcode returns the body's errcode.
+func (r Response) Errcode() string { s, _ := r.Body["errcode"].(string); return s }
+
+// Do sends a request. body is sent as is when it is a string or []byte,
+// and as JSON otherwise (nil: no body). token may be empty.
+func (s *Server) Do(t testing.TB, method, path, token string, body any) Response {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		js, err := json.Marshal(b)
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		rd = bytes.NewReader(js)
+	}
+	req, err := http.NewRequest(method, s.URL+path, rd)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	out := Response{Status: resp.StatusCode, Raw: raw}
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &out.Body); err != nil {
+			t.Fatalf("%s %s: answer is not a JSON object (%d): %s", method, path, resp.StatusCode, raw)
+		}
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("%s %s: Content-Type %q", method, path, ct)
+	}
+	return out
+}
+
+// Must sends a request and fails the test unless the answer is 200.
+func (s *Server) Must(t testing.TB, method, path, token string, body any) map[string]any {
+	t.Helper()
+	r := s.Do(t, method, path, token, body)
+	if r.Status != http.StatusOK {
+		t.Fatalf("%s %s: status %d: %s", method, path, r.Status, r.Raw)
+	}
+	return r.Body
+}
+
+// User is a registered user with one logged-in device and its identity key.
+type User struct {
+	UserID, DeviceID, Token string
+	Password                string
+	Key                     ed25519.PrivateKey
+}
+
+// Register creates an account with a device (an ID is generated when
+// deviceID is empty).
+func (s *Server) Register(t testing.TB, username, deviceID string) *User {
+	t.Helper()
+	body := map[string]any{"username": username, "password": "pw-" + username, "auth": map[string]any{"type": "m.login.dummy"}}
+	if deviceID != "" {
+		body["device_id"] = deviceID
+	}
+	r := s.Must(t, "POST", "/_matrix/client/v3/register", "", body)
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	return &User{UserID: r["user_id"].(string), DeviceID: r["device_id"].(string), Token: r["access_token"].(string),
+		Password: "pw-" + username, Key: priv}
+}
+
+// Login logs the user in on another device, returning it as a new User
+// with its own identity key.
+func (s *Server) Login(t testing.TB, u *User, deviceID string) *User {
+	t.Helper()
+	body := map[string]any{"type": "m.login.password", "identifier": map[string]any{"type": "m.id.user", "user": u.UserID}, "password": u.Password}
+	if deviceID != "" {
+		body["device_id"] = deviceID
+	}
+	r := s.Must(t, "POST", "/_matrix/client/v3/login", "", body)
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	return &User{UserID: u.UserID, DeviceID: r["device_id"].(string), Token: r["access_token"].(string), Password: u.Password, Key: priv}
+}
+
+// B64 is unpadded standard base64.
+func B64(b []byte) string { return base64.RawStdEncoding.EncodeToString(b) }
+
+// RandomKey returns a random 32-byte key in base64, standing in for a
+// curve25519 public key.
+func RandomKey() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return B64(b)
+}
+
+// Sign signs obj as the device would, returning the signed object.
+func Sign(t testing.TB, obj map[string]any, userID, deviceID string, key ed25519.PrivateKey) map[string]any {
+	t.Helper()
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := gomatrixserverlib.SignJSON(userID, gomatrixserverlib.KeyID("ed25519:"+deviceID), key, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(signed, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// DeviceKeys returns the device's signed DeviceKeys object.
+func (u *User) DeviceKeys(t testing.TB) map[string]any {
+	t.Helper()
+	return Sign(t, map[string]any{
+		"user_id":    u.UserID,
+		"device_id":  u.DeviceID,
+		"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
+		"keys": map[string]string{
+			"curve25519:" + u.DeviceID: RandomKeyFor(u.Key),
+			"ed25519:" + u.DeviceID:    B64(u.Key.Public().(ed25519.PublicKey)),
+		},
+	}, u.UserID, u.DeviceID, u.Key)
+}
+
+// RandomKeyFor derives a stable stand-in curve25519 key from a device key,
+// so that repeated DeviceKeys calls give identical identity keys.
+func RandomKeyFor(k ed25519.PrivateKey) string { return B64(k.Seed()[:32]) }
+
+// OneTimeKeys returns n signed one-time keys with IDs prefix0..prefix(n-1).
+func (u *User) OneTimeKeys(t testing.TB, prefix string, n int) map[string]any {
+	t.Helper()
+	out := map[string]any{}
+	for i := 0; i < n; i++ {
+		out[fmt.Sprintf("signed_curve25519:%s%04d", prefix, i)] = u.SignedKey(t, false)
+	}
+	return out
+}
+
+// SignedKey returns one signed curve25519 key object.
+func (u *User) SignedKey(t testing.TB, fallback bool) map[string]any {
+	obj := map[string]any{"key": RandomKey()}
+	if fallback {
+		obj["fallback"] = true
+	}
+	return Sign(t, obj, u.UserID, u.DeviceID, u.Key)
+}
+
+// Upload uploads keys and fails the test unless it is accepted.
+func (s *Server) Upload(t testing.TB, u *User, body map[string]any) map[string]any {
+	t.Helper()
+	return s.Must(t, "POST", "/_matrix/client/v3/keys/upload", u.Token, body)
+}
+
+// Join records a room membership through the admin API.
+func (s *Server) Join(t testing.TB, roomID, userID string) { s.setMembership(t, roomID, userID, "join") }
+
+// Leave records that a user left a room.
+func (s *Server) Leave(t testing.TB, roomID, userID string) { s.setMembership(t, roomID, userID, "leave") }
+
+func (s *Server) setMembership(t testing.TB, roomID, userID, m string) {
+	t.Helper()
+	s.Must(t, "PUT", "/_keyserver/admin/v1/rooms/"+url.PathEscape(roomID)+"/members/"+url.PathEscape(userID), AdminToken,
+		map[string]string{"membership": m})
+}
+
