@@ -20,9 +20,9 @@ func (s *Store) CurrentPos(ctx context.Context) (storage.StreamPos, error) {
 // sharesRoom is true when user $1 and the user in column col are both
 // joined to some room.
 const sharesRoom = `EXISTS (
-	SELECT 1 FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-	WHERE mine.user_id = $1 AND mine.membership = 'join'
-	AND theirs.user_id = %s AND theirs.membership = 'join')`
+	SELECT 1 FROM memberships shared_mine JOIN memberships shared_theirs ON shared_theirs.room_id = shared_mine.room_id
+	WHERE shared_mine.user_id = $1 AND shared_mine.membership = 'join'
+	AND shared_theirs.user_id = %s AND shared_theirs.membership = 'join')`
 
 // The users whose device lists user $1 must re-fetch after position $2, up
 // to $3: users sharing a room with $1 (or $1 itself) with a device change

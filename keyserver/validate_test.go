@@ -1,0 +1,304 @@
+package keyserver
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/matrix-org/gomatrixserverlib"
+)
+
+// realClientKeys is testdata/real-client-keys.json: keys made by real
+// client libraries, and vectors derived from them that must be rejected.
+type realClientKeys struct {
+	Clients []struct {
+		Library      string                     `json:"library"`
+		UserID       string                     `json:"user_id"`
+		DeviceID     string                     `json:"device_id"`
+		DeviceKeys   json.RawMessage            `json:"device_keys"`
+		OneTimeKeys  map[string]json.RawMessage `json:"one_time_keys"`
+		FallbackKeys map[string]json.RawMessage `json:"fallback_keys"`
+	} `json:"clients"`
+	Negative []struct {
+		Name       string                   `json:"name"`
+		UserID     string                   `json:"user_id"`
+		DeviceID   string                   `json:"device_id"`
+		Kind       string                   `json:"kind"`
+		KeyID      string                   `json:"key_id"`
+		VerifyWith struct{ Ed25519 string } `json:"verify_with"`
+		Object     json.RawMessage          `json:"object"`
+	} `json:"negative"`
+}
+
+func loadRealClientKeys(t *testing.T) realClientKeys {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/real-client-keys.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v realClientKeys
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Clients) != 4 || len(v.Negative) != 4 {
+		t.Fatalf("test vectors: %d clients, %d negative", len(v.Clients), len(v.Negative))
+	}
+	return v
+}
+
+func TestRealClientKeysAccepted(t *testing.T) {
+	v := loadRealClientKeys(t)
+	for _, c := range v.Clients {
+		t.Run(c.UserID, func(t *testing.T) {
+			dk, err := ParseDeviceKeys(c.DeviceKeys)
+			if err != nil {
+				t.Fatalf("%s device keys rejected: %v", c.Library, err)
+			}
+			if err := dk.VerifySelfSignature(); err != nil {
+				t.Fatalf("%s device keys signature rejected: %v", c.Library, err)
+			}
+			if dk.UserID != c.UserID || dk.DeviceID != c.DeviceID {
+				t.Fatalf("parsed %s %s", dk.UserID, dk.DeviceID)
+			}
+			n := 0
+			for name, k := range c.OneTimeKeys {
+				if _, err := checkOneTimeKey("one_time_keys", name, k, c.UserID, c.DeviceID, dk.Ed25519()); err != nil {
+					t.Errorf("%s one-time key %s rejected: %v", c.Library, name, err)
+				}
+				n++
+			}
+			for name, k := range c.FallbackKeys {
+				if _, err := checkOneTimeKey("fallback_keys", name, k, c.UserID, c.DeviceID, dk.Ed25519()); err != nil {
+					t.Errorf("%s fallback key %s rejected: %v", c.Library, name, err)
+				}
+			}
+			if n != 3 {
+				t.Fatalf("expected 3 one-time keys, have %d", n)
+			}
+		})
+	}
+}
+
+func TestRealClientKeysNegativeRejected(t *testing.T) {
+	v := loadRealClientKeys(t)
+	for _, n := range v.Negative {
+		t.Run(n.Name, func(t *testing.T) {
+			switch n.Kind {
+			case "device_keys":
+				dk, err := ParseDeviceKeys(n.Object)
+				if err != nil {
+					t.Fatalf("shape rejected, expected only the signature to fail: %v", err)
+				}
+				if err := dk.VerifySelfSignature(); err == nil {
+					t.Fatal("altered device keys accepted")
+				}
+			case "one_time_key":
+				if _, err := checkOneTimeKey("one_time_keys", n.KeyID, n.Object, n.UserID, n.DeviceID, n.VerifyWith.Ed25519); err == nil {
+					t.Fatal("unsigned one-time key accepted")
+				}
+			default:
+				t.Fatalf("unknown kind %q", n.Kind)
+			}
+		})
+	}
+}
+
+// The spec's signing test vectors (seed, public key, signatures).
+const (
+	specSeed      = "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1"
+	specPublicKey = "XGX0JRS2Af3be3knz2fBiRbApjm2Dh61gXDJA8kcJNI"
+)
+
+func TestSpecSigningVectors(t *testing.T) {
+	seed, err := decodeBase64(specSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv := ed25519.NewKeyFromSeed(seed)
+	if got := encodeB64(priv.Public().(ed25519.PublicKey)); got != specPublicKey {
+		t.Fatalf("public key %s", got)
+	}
+	for _, tc := range []struct{ obj, sig string }{
+		{`{}`, "K8280/U9SSy9IVtjBuVeLr+HpOB4BQFWbg+UZaADMtTdGYI7Geitb76LTrr5QV/7Xg4ahLwYGYZzuHGZKM5ZAQ"},
+		{`{"one":1,"two":"Two"}`, "KqmLSbO39/Bzb0QIYE82zqLwsA+PDzYIpIRA2sRQ4sL53+sN6/fpNSoqE7BP7vBZhG6kYdD13EIMJpvhJI+6Bw"},
+	} {
+		signed, err := gomatrixserverlib.SignJSON("domain", "ed25519:1", priv, []byte(tc.obj))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(signed), tc.sig) {
+			t.Errorf("signature of %s: %s", tc.obj, signed)
+		}
+	}
+
+	deviceKeys := `{"algorithms":["m.olm.v1.curve25519-aes-sha2","m.megolm.v1.aes-sha2"],"device_id":"JLAFKJWSCS",
+		"keys":{"curve25519:JLAFKJWSCS":"3C5BFWi2Y8MaVvjM8M22DBmh24PmgR0nPvJOIArzgyI","ed25519:JLAFKJWSCS":"XGX0JRS2Af3be3knz2fBiRbApjm2Dh61gXDJA8kcJNI"},
+		"user_id":"@alice:domain",
+		"signatures":{"@alice:domain":{"ed25519:JLAFKJWSCS":"zoM75Vf9rUlcqTNrFz1BP+1bEf/+jgjTakWx64iUKmUueuBqky0mTZNsWZDozgXC9jlJcMmLdPl2nfxcyjeiCQ"}}}`
+	dk, err := ParseDeviceKeys(json.RawMessage(deviceKeys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dk.VerifySelfSignature(); err != nil {
+		t.Fatalf("spec device keys: %v", err)
+	}
+	wantCanonical := `{"algorithms":["m.olm.v1.curve25519-aes-sha2","m.megolm.v1.aes-sha2"],"device_id":"JLAFKJWSCS","keys":{"curve25519:JLAFKJWSCS":"3C5BFWi2Y8MaVvjM8M22DBmh24PmgR0nPvJOIArzgyI","ed25519:JLAFKJWSCS":"XGX0JRS2Af3be3knz2fBiRbApjm2Dh61gXDJA8kcJNI"},"signatures":{"@alice:domain":{"ed25519:JLAFKJWSCS":"zoM75Vf9rUlcqTNrFz1BP+1bEf/+jgjTakWx64iUKmUueuBqky0mTZNsWZDozgXC9jlJcMmLdPl2nfxcyjeiCQ"}},"user_id":"@alice:domain"}`
+	if string(dk.Canonical) != wantCanonical {
+		t.Errorf("canonical form:\n%s\nwant\n%s", dk.Canonical, wantCanonical)
+	}
+	otk := `{"key":"zKbLg+NrIjpnagy+pIY6uPL4ZwEG2v+8F9lmgsnlZzs","signatures":{"@alice:domain":{"ed25519:JLAFKJWSCS":"zccrYaM3ieFwqIRh3pve0FOXL66pwljCLMbLXyXMtKdjYyuknQicpCFDQBGS7gtaKk7idfLWboyRqxzDSqZ4BQ"}}}`
+	if _, err := checkOneTimeKey("one_time_keys", "signed_curve25519:AAAAHg", json.RawMessage(otk), "@alice:domain", "JLAFKJWSCS", specPublicKey); err != nil {
+		t.Errorf("spec one-time key: %v", err)
+	}
+	fallback := `{"fallback":true,"key":"zKbLg+NrIjpnagy+pIY6uPL4ZwEG2v+8F9lmgsnlZzs","signatures":{"@alice:domain":{"ed25519:JLAFKJWSCS":"X2T38NQ0yRSsppA2IriBDzq83NGLUzj5QEFpLJQkK9+5w1cGlkYfeg9tT9A1K3ZWtCEp5v+qfOdZgnA7GSGnCw"}}}`
+	if _, err := checkOneTimeKey("fallback_keys", "signed_curve25519:AAAAHg", json.RawMessage(fallback), "@alice:domain", "JLAFKJWSCS", specPublicKey); err != nil {
+		t.Errorf("spec fallback key: %v", err)
+	}
+	// The one-time key's signature does not cover "fallback": true.
+	if _, err := checkOneTimeKey("fallback_keys", "signed_curve25519:AAAAHg",
+		json.RawMessage(strings.Replace(otk, `{"key"`, `{"fallback":true,"key"`, 1)), "@alice:domain", "JLAFKJWSCS", specPublicKey); err == nil {
+		t.Error("a signature over other content was accepted")
+	}
+}
+
+func TestParseDeviceKeysShape(t *testing.T) {
+	valid := map[string]any{
+		"user_id": "@a:x", "device_id": "D", "algorithms": []string{"m.olm.v1.curve25519-aes-sha2"},
+		"keys":       map[string]string{"ed25519:D": specPublicKey, "curve25519:D": specPublicKey},
+		"signatures": map[string]any{},
+	}
+	mutate := func(f func(m map[string]any)) json.RawMessage {
+		m := map[string]any{}
+		for k, v := range valid {
+			m[k] = v
+		}
+		f(m)
+		b, _ := json.Marshal(m)
+		return b
+	}
+	for _, tc := range []struct {
+		name    string
+		raw     json.RawMessage
+		errcode string
+	}{
+		{"valid", mutate(func(map[string]any) {}), ""},
+		{"not an object", json.RawMessage(`[1]`), "M_BAD_JSON"},
+		{"no user_id", mutate(func(m map[string]any) { delete(m, "user_id") }), "M_BAD_JSON"},
+		{"no device_id", mutate(func(m map[string]any) { delete(m, "device_id") }), "M_BAD_JSON"},
+		{"no algorithms", mutate(func(m map[string]any) { delete(m, "algorithms") }), "M_BAD_JSON"},
+		{"no keys", mutate(func(m map[string]any) { delete(m, "keys") }), "M_BAD_JSON"},
+		{"no signatures", mutate(func(m map[string]any) { delete(m, "signatures") }), "M_BAD_JSON"},
+		{"user_id not a string", mutate(func(m map[string]any) { m["user_id"] = 5 }), "M_BAD_JSON"},
+		{"algorithms not strings", mutate(func(m map[string]any) { m["algorithms"] = []int{1} }), "M_BAD_JSON"},
+		{"key not a string", mutate(func(m map[string]any) { m["keys"] = map[string]any{"ed25519:D": 1} }), "M_BAD_JSON"},
+		{"no ed25519 key", mutate(func(m map[string]any) { m["keys"] = map[string]string{"curve25519:D": specPublicKey} }), "M_INVALID_PARAM"},
+		{"key of another device", mutate(func(m map[string]any) {
+			m["keys"] = map[string]string{"ed25519:D": specPublicKey, "curve25519:E": specPublicKey}
+		}), "M_INVALID_PARAM"},
+		{"short ed25519 key", mutate(func(m map[string]any) { m["keys"] = map[string]string{"ed25519:D": "AAAA"} }), "M_INVALID_PARAM"},
+		{"ed25519 key not base64", mutate(func(m map[string]any) { m["keys"] = map[string]string{"ed25519:D": strings.Repeat("!", 43)} }), "M_INVALID_PARAM"},
+		{"empty algorithm", mutate(func(m map[string]any) { m["algorithms"] = []string{""} }), "M_INVALID_PARAM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseDeviceKeys(tc.raw)
+			if got := errcodeOf(err); got != tc.errcode {
+				t.Fatalf("errcode %q, want %q (%v)", got, tc.errcode, err)
+			}
+		})
+	}
+}
+
+func TestCheckOneTimeKeyShapes(t *testing.T) {
+	for _, tc := range []struct {
+		name, keyName, raw, errcode string
+	}{
+		{"no algorithm", ":AAAA", `"x"`, "M_INVALID_PARAM"},
+		{"no key id", "signed_curve25519:", `{}`, "M_INVALID_PARAM"},
+		{"no colon", "signed_curve25519", `{}`, "M_INVALID_PARAM"},
+		{"signed key as string", "signed_curve25519:A", `"` + specPublicKey + `"`, "M_BAD_JSON"},
+		{"signed key without key", "signed_curve25519:A", `{"signatures":{}}`, "M_BAD_JSON"},
+		{"signed key short", "signed_curve25519:A", `{"key":"AAAA","signatures":{}}`, "M_INVALID_PARAM"},
+		{"unsigned", "signed_curve25519:A", `{"key":"` + specPublicKey + `"}`, "M_INVALID_PARAM"},
+		{"legacy curve25519", "curve25519:A", `"` + specPublicKey + `"`, ""},
+		{"legacy curve25519 as object", "curve25519:A", `{"key":"x"}`, "M_BAD_JSON"},
+		{"legacy curve25519 short", "curve25519:A", `"AAAA"`, "M_INVALID_PARAM"},
+		{"unknown algorithm object", "org.example.alg:A", `{"anything":1}`, ""},
+		{"unknown algorithm number", "org.example.alg:A", `5`, "M_BAD_JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := checkOneTimeKey("one_time_keys", tc.keyName, json.RawMessage(tc.raw), "@alice:domain", "JLAFKJWSCS", specPublicKey)
+			if got := errcodeOf(err); got != tc.errcode {
+				t.Fatalf("errcode %q, want %q (%v)", got, tc.errcode, err)
+			}
+		})
+	}
+}
+
+func TestStreamTokens(t *testing.T) {
+	for _, tc := range []struct {
+		tok string
+		pos int64
+		ok  bool
+	}{
+		{"s0", 0, true}, {"s42", 42, true}, {"s42_7", 42, true},
+		{"", 0, false}, {"42", 0, false}, {"s", 0, false}, {"s-1", 0, false}, {"sx", 0, false}, {"s1.5", 0, false},
+	} {
+		pos, err := parseStreamToken("from", tc.tok)
+		if (err == nil) != tc.ok || (tc.ok && int64(pos) != tc.pos) {
+			t.Errorf("%q: %d %v", tc.tok, pos, err)
+		}
+	}
+	if streamToken(17) != "s17" {
+		t.Error(streamToken(17))
+	}
+}
+
+func TestIDs(t *testing.T) {
+	for _, s := range []string{"alice", "a.b_c=d-e/f+g", "0"} {
+		if !validLocalpart(s) {
+			t.Errorf("localpart %q rejected", s)
+		}
+	}
+	for _, s := range []string{"", "Alice", "a b", "a:b", "é", "a@b"} {
+		if validLocalpart(s) {
+			t.Errorf("localpart %q accepted", s)
+		}
+	}
+	for _, s := range []string{"ABCDEFGHIJ", "dev-1.x_y~z", strings.Repeat("A", 255)} {
+		if !validDeviceID(s) {
+			t.Errorf("device ID %q rejected", s)
+		}
+	}
+	for _, s := range []string{"", "a b", "a/b", "a:b", strings.Repeat("A", 256)} {
+		if validDeviceID(s) {
+			t.Errorf("device ID %q accepted", s)
+		}
+	}
+	id := newDeviceID()
+	if len(id) != 10 || strings.ToUpper(id) != id || !validDeviceID(id) {
+		t.Errorf("generated device ID %q", id)
+	}
+	if a, b := newAccessToken(), newAccessToken(); a == b || len(a) < 40 {
+		t.Errorf("tokens %q %q", a, b)
+	}
+	for _, tc := range []struct {
+		id, server string
+		ok         bool
+	}{
+		{"@alice:example.org", "example.org", true},
+		{"@alice:example.org:8448", "example.org:8448", true},
+		{"@Alice:[::1]:8448", "[::1]:8448", true},
+		{"alice:example.org", "", false},
+		{"@alice", "", false},
+		{"@:example.org", "", false},
+		{"@alice:exa mple.org", "", false},
+		{"@" + strings.Repeat("a", 260) + ":x.org", "", false},
+	} {
+		server, ok := ParseUserID(tc.id)
+		if ok != tc.ok || server != tc.server {
+			t.Errorf("%q: %q %v", tc.id, server, ok)
+		}
+	}
+}
