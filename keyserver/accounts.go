@@ -100,10 +100,7 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 			return LoginResponse{}, mxerr.InvalidUsername("user names may contain only a-z, 0-9 and . _ = - / +")
 		}
 	}
-	if r.Password == nil {
-		return LoginResponse{}, mxerr.MissingParam("password is required")
-	}
-	if len(*r.Password) > maxPasswordLength {
+	if r.Password != nil && len(*r.Password) > maxPasswordLength {
 		return LoginResponse{}, mxerr.InvalidParam("password is longer than %d bytes", maxPasswordLength)
 	}
 	if r.DeviceID != nil {
@@ -134,6 +131,11 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 	if r.Auth.Type != "m.login.dummy" {
 		return LoginResponse{}, challenge("m.login.dummy", r.Auth.Session,
 			mxerr.Forbidden("auth type %q is not offered; use m.login.dummy", r.Auth.Type))
+	}
+	// Checked after the challenge, so a client may learn the flows with an
+	// empty request.
+	if r.Password == nil {
+		return LoginResponse{}, mxerr.MissingParam("password is required")
 	}
 	hash, err := hashPassword(*r.Password, s.opts.BcryptCost)
 	if err != nil {

@@ -98,6 +98,9 @@ CREATE INDEX memberships_user ON memberships (user_id, membership);
 `},
 }
 
+// SchemaVersion is the newest schema version this program knows.
+func SchemaVersion() int { return migrations[len(migrations)-1].version }
+
 // migrate applies every step the database has not seen, each in its own
 // transaction, and refuses a database written by a newer version.
 func (s *Store) migrate(ctx context.Context) error {
@@ -123,7 +126,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err := conn.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&newest); err != nil {
 		return err
 	}
-	latest := migrations[len(migrations)-1].version
+	latest := SchemaVersion()
 	if newest.Valid && int(newest.Int64) > latest {
 		return fmt.Errorf("%w: schema version %d, this program knows up to %d", storage.ErrTooNew, newest.Int64, latest)
 	}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs a command with KEYSERVER_TEST_POSTGRES pointing at a PostgreSQL
+# database the tests may use.
+#
+# - KEYSERVER_TEST_POSTGRES already set: that database is used as it is.
+# - Otherwise, when PostgreSQL's server programs are installed, a throwaway
+#   cluster is created in a temporary directory, listening only on a Unix
+#   socket there, and removed afterwards. Nothing on the machine is changed.
+#   As root the cluster runs as the "postgres" user (PostgreSQL refuses root).
+# - Otherwise the command runs without it: the PostgreSQL tests are skipped
+#   with a message, or fail when CI is set.
+set -euo pipefail
+
+if [ -n "${KEYSERVER_TEST_POSTGRES:-}" ]; then
+  exec "$@"
+fi
+
+bindir=""
+if command -v pg_config >/dev/null 2>&1 && [ -x "$(pg_config --bindir)/initdb" ]; then
+  bindir=$(pg_config --bindir)
+fi
+if [ -z "$bindir" ]; then
+  for d in /usr/lib/postgresql/*/bin; do
+    [ -x "$d/initdb" ] && bindir=$d
+  done
+fi
+if [ -z "$bindir" ]; then
+  echo "with-postgres: PostgreSQL server programs not found; PostgreSQL tests will be skipped (install the postgresql package, or set KEYSERVER_TEST_POSTGRES)" >&2
+  exec "$@"
+fi
+
+dir=$(mktemp -d /tmp/keyserver-pg.XXXXXX)
+as_pg=()
+if [ "$(id -u)" = 0 ]; then
+  chown postgres: "$dir"
+  as_pg=(runuser -u postgres --)
+fi
+cleanup() {
+  "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+"${as_pg[@]}" "$bindir/initdb" -D "$dir/data" -U postgres --auth=trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 ||
+  { cat "$dir/initdb.log" >&2; exit 1; }
+# fsync off: a test cluster that is thrown away need not survive a crash.
+"${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+  -o "-k $dir -c listen_addresses= -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" start >/dev/null ||
+  { cat "$dir/server.log" >&2; exit 1; }
+
+export KEYSERVER_TEST_POSTGRES="postgres:///postgres?host=$dir&user=postgres&sslmode=disable"
+echo "with-postgres: throwaway PostgreSQL at $dir" >&2
+"$@"

@@ -1,0 +1,119 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/sqlstore"
+)
+
+func open(t *testing.T, db testutil.Database) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.Open(context.Background(), db.URI)
+	if err != nil {
+		t.Fatalf("open %s: %v", db.Name, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestMigrationsRunOnceAndRefuseNewerSchemas(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		if _, err := s.CreateAccount(ctx, "@a:x", "hash", nil); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		// Reopening keeps the data and applies nothing twice.
+		s = open(t, db)
+		if ok, err := s.AccountExists(ctx, "@a:x"); err != nil || !ok {
+			t.Fatalf("account lost on reopen: %v %v", ok, err)
+		}
+		var n int
+		if err := s.DB().QueryRow(`SELECT COUNT(*) FROM schema_migrations`).Scan(&n); err != nil || n != sqlstore.SchemaVersion() {
+			t.Fatalf("%d migrations recorded (%v), want %d", n, err, sqlstore.SchemaVersion())
+		}
+		// A database from a newer version is refused.
+		if _, err := s.DB().Exec(`INSERT INTO schema_migrations (version, name, applied_ts) VALUES (9999, 'future', 0)`); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if _, err := sqlstore.Open(ctx, db.URI); !errors.Is(err, storage.ErrTooNew) {
+			t.Fatalf("newer schema: %v", err)
+		}
+	})
+}
+
+// Several daemons starting together on one PostgreSQL database (or one
+// SQLite file) migrate it once.
+func TestConcurrentOpenMigratesOnce(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := sqlstore.Open(context.Background(), db.URI)
+				if err == nil {
+					s.Close()
+				}
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+func TestStreamPositionsIncrease(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		seen := map[storage.StreamPos]bool{}
+		for i := 0; i < 20; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pos, err := s.SetMembership(ctx, "!r:x", "@u"+strconv.Itoa(i)+":x", storage.MembershipJoin)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				seen[pos] = true
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		cur, err := s.CurrentPos(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(seen) != 20 || cur != 20 {
+			t.Fatalf("%d distinct positions, current %d", len(seen), cur)
+		}
+		for p := storage.StreamPos(1); p <= 20; p++ {
+			if !seen[p] {
+				t.Fatalf("position %d missing", p)
+			}
+		}
+		// Setting the same membership again is no change.
+		if pos, err := s.SetMembership(ctx, "!r:x", "@u1:x", storage.MembershipJoin); err != nil || pos != 0 {
+			t.Fatalf("repeat join: %d %v", pos, err)
+		}
+	})
+}
