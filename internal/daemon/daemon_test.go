@@ -1,0 +1,145 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/daemon"
+	"github.com/keyserver/keyserver/internal/testutil"
+)
+
+func testConfig(t *testing.T, db testutil.Database) *config.Config {
+	cfg := config.Default()
+	cfg.DataDir = filepath.Join(t.TempDir(), "data")
+	cfg.Database = db.URI
+	cfg.ClientAPI.Listen = "127.0.0.1:0"
+	cfg.Federation.Listen = "127.0.0.1:0"
+	cfg.ClientAPI.BcryptCost = 4
+	return cfg
+}
+
+func quietLogger() *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
+}
+
+func post(t *testing.T, url string, body any) map[string]any {
+	t.Helper()
+	js, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %d %v", url, resp.StatusCode, out)
+	}
+	return out
+}
+
+func serverKey(t *testing.T, d *daemon.Daemon) map[string]any {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Get("https://" + d.FederationAddr() + "/_matrix/key/v2/server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out["verify_keys"].(map[string]any)
+}
+
+// A first start creates the identity files; a restart reuses them and the
+// data; shutdown answers a waiting /sync and closes cleanly.
+func TestStartRestartShutdown(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		cfg := testConfig(t, db)
+		d, err := daemon.Start(ctx, cfg, quietLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"signing.key", "tls.crt", "tls.key"} {
+			if _, err := os.Stat(filepath.Join(cfg.DataDir, f)); err != nil {
+				t.Fatalf("%s not created: %v", f, err)
+			}
+		}
+		keys := serverKey(t, d)
+		base := "http://" + d.ClientAddr() + "/_matrix/client/v3"
+		reg := post(t, base+"/register", map[string]any{"username": "alice", "password": "pw", "auth": map[string]string{"type": "m.login.dummy"}})
+		token := reg["access_token"].(string)
+
+		// A sync waiting for news is answered when the daemon stops.
+		done := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("GET", base+"/sync?since=s1&timeout=60000", nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- -1
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for d.Service().WaitingSyncs() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("sync never waited")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := d.Shutdown(sctx); err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+		if code := <-done; code != 200 {
+			t.Fatalf("waiting sync ended with %d", code)
+		}
+
+		d, err = daemon.Start(ctx, cfg, quietLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Shutdown(context.Background())
+		again := serverKey(t, d)
+		for id := range keys {
+			if again[id] == nil {
+				t.Fatalf("signing key changed across restart: %v then %v", keys, again)
+			}
+		}
+		base = "http://" + d.ClientAddr() + "/_matrix/client/v3"
+		post(t, base+"/login", map[string]any{"type": "m.login.password", "identifier": map[string]string{"type": "m.id.user", "user": "alice"}, "password": "pw"})
+	})
+}
+
+func TestStartRejectsBadConfig(t *testing.T) {
+	cfg := testConfig(t, testutil.SQLite(t))
+	cfg.ClientAPI.Registration = "sometimes"
+	if _, err := daemon.Start(context.Background(), cfg, quietLogger()); err == nil {
+		t.Fatal("started with a bad configuration")
+	}
+	cfg = testConfig(t, testutil.SQLite(t))
+	cfg.Database = "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"
+	if _, err := daemon.Start(context.Background(), cfg, quietLogger()); err == nil {
+		t.Fatal("started without a database")
+	}
+}
