@@ -258,13 +258,19 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	return LoginResponse{UserID: userID, AccessToken: token, DeviceID: l.DeviceID}, nil
 }
 
+// resolveUser turns what a client names a user by (a user ID, or a
+// localpart of ours in any case) into a user ID.
+func (s *Service) resolveUser(user string) string {
+	if strings.HasPrefix(user, "@") {
+		return user
+	}
+	return "@" + strings.ToLower(user) + ":" + s.opts.ServerName
+}
+
 // checkPassword resolves a localpart or user ID of ours and checks the
 // password. Every failure is the same 403, and takes as long.
 func (s *Service) checkPassword(ctx context.Context, user, password string) (string, error) {
-	userID := user
-	if !strings.HasPrefix(user, "@") {
-		userID = "@" + strings.ToLower(user) + ":" + s.opts.ServerName
-	}
+	userID := s.resolveUser(user)
 	forbidden := mxerr.Forbidden("invalid username or password")
 	hash, err := s.db.PasswordHash(ctx, userID)
 	if errors.Is(err, storage.ErrNotFound) {

@@ -101,10 +101,7 @@ func (s *Service) passwordStage(ctx context.Context, c Caller, auth *AuthData) e
 	if user == "" {
 		user = c.UserID
 	}
-	userID := user
-	if userID[0] != '@' {
-		userID = "@" + user + ":" + s.opts.ServerName
-	}
+	userID := s.resolveUser(user)
 	if userID != c.UserID {
 		return mxerr.Forbidden("auth is for another user than the access token's")
 	}
