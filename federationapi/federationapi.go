@@ -1,20 +1,29 @@
 // Package federationapi is the HTTP face of the server-server API: it
-// publishes the server's signing keys and, in time, authenticates and
-// serves other servers' requests by calling package keyserver.
+// publishes the server's signing keys, authenticates other servers'
+// requests from their X-Matrix signatures, and answers them by calling
+// package keyserver.
 package federationapi
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/fclient"
+	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/identity"
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/keyserver"
 )
 
 // Version is reported by /_matrix/federation/v1/version.
@@ -25,51 +34,145 @@ type Options struct {
 	ServerName  string
 	SigningKey  identity.SigningKey
 	KeyValidity time.Duration
-	Logger      logrus.FieldLogger
-	Now         func() time.Time
+	// KeyRing checks request signatures with other servers' keys.
+	KeyRing gomatrixserverlib.JSONVerifier
+	// OnAuthenticated is told of every server that made an authenticated
+	// request: it is up, which ends any backoff towards it.
+	OnAuthenticated func(origin string)
+	MaxRequestBytes int64
+	Logger          logrus.FieldLogger
+	Now             func() time.Time
+}
+
+type api struct {
+	ks   *keyserver.Service
+	opts Options
 }
 
 // NewHandler returns the federation API's HTTP handler.
-func NewHandler(opts Options) http.Handler {
+func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
 	}
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = 1 << 20
+	}
+	if opts.OnAuthenticated == nil {
+		opts.OnAuthenticated = func(string) {}
+	}
+	a := &api{ks: ks, opts: opts}
 	r := mux.NewRouter()
 	r.UseEncodedPath()
 	r.NotFoundHandler = httpx.NotFoundHandler()
 	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
-	r.HandleFunc("/_matrix/key/v2/server", func(w http.ResponseWriter, req *http.Request) {
-		body, err := serverKeys(opts)
-		if err != nil {
-			httpx.Error(w, req, err)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(body)
-	}).Methods(http.MethodGet)
+	r.HandleFunc("/_matrix/key/v2/server", a.serverKeys).Methods(http.MethodGet)
 	r.HandleFunc("/_matrix/federation/v1/version", func(w http.ResponseWriter, req *http.Request) {
 		httpx.JSON(w, http.StatusOK, map[string]any{"server": map[string]string{"name": "keyserver", "version": Version}})
 	}).Methods(http.MethodGet)
+	r.Handle("/_matrix/federation/v1/user/keys/query", a.authed(a.queryKeys)).Methods(http.MethodPost)
+	r.Handle("/_matrix/federation/v1/user/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
+	r.Handle("/_matrix/federation/v1/user/devices/{userId}", a.authed(a.userDevices)).Methods(http.MethodGet)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 
-// serverKeys is our signed key response: the verify key, valid for the
-// configured time, signed with itself.
-func serverKeys(opts Options) ([]byte, error) {
-	body := map[string]any{
-		"server_name": opts.ServerName,
-		"verify_keys": map[string]any{
-			string(opts.SigningKey.KeyID): map[string]string{"key": base64.RawStdEncoding.EncodeToString(opts.SigningKey.PublicKey())},
-		},
-		"old_verify_keys": map[string]any{},
-		"valid_until_ts":  opts.Now().Add(opts.KeyValidity).UnixMilli(),
+// request is an authenticated federation request.
+type request struct {
+	*http.Request
+	origin  string
+	content []byte
+}
+
+type handler func(r request) (any, error)
+
+// authed checks the X-Matrix signature before anything else happens: a
+// request that is unsigned, malformed, signed by an unknown or wrong key,
+// tampered with, or addressed to another server is answered 401
+// M_UNAUTHORIZED and does nothing.
+func (a *api) authed(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := httpx.ReadBody(r, a.opts.MaxRequestBytes)
+		if err != nil {
+			httpx.Error(w, r, err)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		fr, resp := fclient.VerifyHTTPRequest(r, a.opts.Now(), spec.ServerName(a.opts.ServerName), nil, a.opts.KeyRing)
+		if fr == nil {
+			if resp.Code == http.StatusInternalServerError {
+				httpx.Error(w, r, errors.New("checking a request signature failed"))
+				return
+			}
+			msg := "request is not correctly signed"
+			if m, ok := resp.JSON.(struct {
+				Message string `json:"message"`
+			}); ok {
+				msg = m.Message
+			}
+			httpx.Logger(r).WithField("reason", msg).Debug("refused an unauthenticated federation request")
+			httpx.Error(w, r, mxerr.Unauthorized("%s", msg))
+			return
+		}
+		origin := string(fr.Origin())
+		a.opts.OnAuthenticated(origin)
+		out, err := h(request{Request: r, origin: origin, content: fr.Content()})
+		if err != nil {
+			httpx.Error(w, r, err)
+			return
+		}
+		httpx.JSON(w, http.StatusOK, out)
+	})
+}
+
+func (a *api) queryKeys(r request) (any, error) {
+	var req struct {
+		DeviceKeys map[string][]string `json:"device_keys"`
 	}
-	raw, err := json.Marshal(body)
-	if err != nil {
+	if err := httpx.Decode(r.content, &req, false); err != nil {
 		return nil, err
 	}
-	return gomatrixserverlib.SignJSON(opts.ServerName, opts.SigningKey.KeyID, opts.SigningKey.PrivateKey, raw)
+	return a.ks.FederationQueryKeys(r.Context(), req.DeviceKeys)
+}
+
+func (a *api) claimKeys(r request) (any, error) {
+	var req struct {
+		OneTimeKeys map[string]map[string]string `json:"one_time_keys"`
+	}
+	if err := httpx.Decode(r.content, &req, false); err != nil {
+		return nil, err
+	}
+	return a.ks.FederationClaimKeys(r.Context(), req.OneTimeKeys)
+}
+
+func (a *api) userDevices(r request) (any, error) {
+	userID, err := url.PathUnescape(mux.Vars(r.Request)["userId"])
+	if err != nil {
+		return nil, mxerr.InvalidParam("bad percent-encoding in the user ID")
+	}
+	return a.ks.FederationUserDevices(r.Context(), userID)
+}
+
+// serverKeys publishes our verify key, valid for the configured time and
+// signed with itself.
+func (a *api) serverKeys(w http.ResponseWriter, r *http.Request) {
+	key := a.opts.SigningKey
+	raw, err := json.Marshal(map[string]any{
+		"server_name": a.opts.ServerName,
+		"verify_keys": map[string]any{
+			string(key.KeyID): map[string]string{"key": base64.RawStdEncoding.EncodeToString(key.PublicKey())},
+		},
+		"old_verify_keys": map[string]any{},
+		"valid_until_ts":  a.opts.Now().Add(a.opts.KeyValidity).UnixMilli(),
+	})
+	if err == nil {
+		raw, err = gomatrixserverlib.SignJSON(a.opts.ServerName, key.KeyID, key.PrivateKey, raw)
+	}
+	if err != nil {
+		httpx.Error(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(raw)
 }

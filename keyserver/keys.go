@@ -183,7 +183,9 @@ type QueryResponse struct {
 
 // QueryKeys returns the device keys of the named users; an empty device
 // list means all of a user's devices. Local users are answered with one
-// database query however many users and devices are named.
+// database query however many users and devices are named; remote users
+// from the cache of their device list or, when that is missing or stale,
+// from their servers, all asked at once within the request's timeout.
 func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (QueryResponse, error) {
 	res := QueryResponse{
 		DeviceKeys:      map[string]map[string]json.RawMessage{},
@@ -195,36 +197,64 @@ func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (Quer
 	if r.DeviceKeys == nil {
 		return res, mxerr.BadJSON("device_keys is required")
 	}
-	var local []string
-	for userID := range r.DeviceKeys {
+	local := map[string][]string{}
+	remote := map[string]map[string][]string{} // server -> user -> devices
+	for userID, devices := range r.DeviceKeys {
 		server, ok := ParseUserID(userID)
 		if !ok {
 			return res, mxerr.InvalidParam("%q is not a valid user ID", userID)
 		}
 		if s.isLocal(server) {
-			local = append(local, userID)
-			res.DeviceKeys[userID] = map[string]json.RawMessage{}
+			local[userID] = devices
 		} else {
-			// Remote users are answered once federation is configured.
-			res.Failures[server] = map[string]any{"status": 503, "message": "federation is not available"}
+			if remote[server] == nil {
+				remote[server] = map[string][]string{}
+			}
+			remote[server][userID] = devices
 		}
 	}
-	sort.Strings(local)
-	devices, err := s.db.DevicesWithKeys(ctx, local)
+	keys, err := s.localDeviceKeys(ctx, local, true)
 	if err != nil {
 		return res, err
 	}
-	for _, d := range devices {
-		if want := r.DeviceKeys[d.UserID]; len(want) > 0 && !contains(want, d.DeviceID) {
-			continue
-		}
-		keys, err := withDisplayName(d.KeyJSON, d.DisplayName)
-		if err != nil {
-			return res, err
-		}
-		res.DeviceKeys[d.UserID][d.DeviceID] = keys
+	res.DeviceKeys = keys
+	if len(remote) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(r.Timeout))
+		defer cancel()
+		s.queryRemote(ctx, remote, &res)
 	}
 	return res, nil
+}
+
+// localDeviceKeys returns the device keys of local users (an empty device
+// list: all devices), with display names when withNames.
+func (s *Service) localDeviceKeys(ctx context.Context, users map[string][]string, withNames bool) (map[string]map[string]json.RawMessage, error) {
+	out := make(map[string]map[string]json.RawMessage, len(users))
+	ids := make([]string, 0, len(users))
+	for u := range users {
+		ids = append(ids, u)
+		out[u] = map[string]json.RawMessage{}
+	}
+	sort.Strings(ids)
+	devices, err := s.db.DevicesWithKeys(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range devices {
+		if want := users[d.UserID]; len(want) > 0 && !contains(want, d.DeviceID) {
+			continue
+		}
+		name := d.DisplayName
+		if !withNames {
+			name = nil
+		}
+		keys, err := withDisplayName(d.KeyJSON, name)
+		if err != nil {
+			return nil, err
+		}
+		out[d.UserID][d.DeviceID] = keys
+	}
+	return out, nil
 }
 
 func contains(list []string, s string) bool {
@@ -277,19 +307,25 @@ func (s *Service) ClaimKeys(ctx context.Context, c Caller, r ClaimRequest) (Clai
 		return res, mxerr.BadJSON("one_time_keys is required")
 	}
 	var reqs []storage.ClaimRequest
+	remote := map[string]map[string]map[string]string{} // server -> user -> device -> algorithm
 	for userID, devices := range r.OneTimeKeys {
 		server, ok := ParseUserID(userID)
 		if !ok {
 			return res, mxerr.InvalidParam("%q is not a valid user ID", userID)
 		}
-		if !s.isLocal(server) {
-			res.Failures[server] = map[string]any{"status": 503, "message": "federation is not available"}
-			continue
-		}
 		for deviceID, alg := range devices {
 			if alg == "" {
 				return res, mxerr.InvalidParam("one_time_keys.%s.%s: algorithm is empty", userID, deviceID)
 			}
+		}
+		if !s.isLocal(server) {
+			if remote[server] == nil {
+				remote[server] = map[string]map[string]string{}
+			}
+			remote[server][userID] = devices
+			continue
+		}
+		for deviceID, alg := range devices {
 			reqs = append(reqs, storage.ClaimRequest{UserID: userID, DeviceID: deviceID, Algorithm: alg})
 		}
 	}
@@ -304,6 +340,11 @@ func (s *Service) ClaimKeys(ctx context.Context, c Caller, r ClaimRequest) (Clai
 			res.OneTimeKeys[k.UserID] = byDevice
 		}
 		byDevice[k.DeviceID] = map[string]json.RawMessage{k.Key.FullID(): k.Key.JSON}
+	}
+	if len(remote) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(r.Timeout))
+		defer cancel()
+		s.claimRemote(ctx, remote, &res)
 	}
 	return res, nil
 }

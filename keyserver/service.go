@@ -19,13 +19,22 @@ type Options struct {
 	BcryptCost       int
 	MaxOneTimeKeys   int           // unclaimed one-time keys a device may hold
 	SyncMaxTimeout   time.Duration // cap on a /sync long-poll
-	Logger           logrus.FieldLogger
-	Now              func() time.Time // the clock; time.Now when nil
+	// Federation reaches other servers; nil answers remote users with a
+	// failure.
+	Federation Federation
+	// UntrackedCacheTTL is how long a remote device list is trusted when
+	// no local user shares a room with its user (so no updates arrive).
+	UntrackedCacheTTL time.Duration
+	// DeviceNamesOverFederation shows device display names to other servers.
+	DeviceNamesOverFederation bool
+	Logger                    logrus.FieldLogger
+	Now                       func() time.Time // the clock; time.Now when nil
 }
 
 // Service is the keyserver's domain layer.
 type Service struct {
 	db       storage.Database
+	fed      Federation
 	opts     Options
 	notifier *Notifier
 	log      logrus.FieldLogger
@@ -49,7 +58,10 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.SyncMaxTimeout <= 0 {
 		opts.SyncMaxTimeout = time.Minute
 	}
-	s := &Service{db: db, opts: opts, notifier: NewNotifier(), log: opts.Logger, now: opts.Now}
+	if opts.UntrackedCacheTTL <= 0 {
+		opts.UntrackedCacheTTL = time.Minute
+	}
+	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: NewNotifier(), log: opts.Logger, now: opts.Now}
 	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
 	return s
 }

@@ -158,7 +158,7 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID, 
 	isObject := len(t) > 0 && t[0] == '{'
 	isString := len(t) > 0 && t[0] == '"'
 	switch {
-	case strings.HasPrefix(alg, "signed_"):
+	case isSignedAlgorithm(alg):
 		if !isObject {
 			return nil, mxerr.BadJSON("%s.%s must be an object", field, name)
 		}
@@ -240,3 +240,7 @@ func orderedObject(field string, raw json.RawMessage) ([]member, error) {
 	}
 	return out, nil
 }
+
+// isSignedAlgorithm reports whether keys of the algorithm carry a device
+// signature ("signed_curve25519").
+func isSignedAlgorithm(alg string) bool { return strings.HasPrefix(alg, "signed_") }

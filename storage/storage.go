@@ -119,6 +119,36 @@ type DeviceListChanges struct {
 	Left    []string
 }
 
+// ServerKey is another server's signing key.
+type ServerKey struct {
+	ServerName   string
+	KeyID        string
+	PublicKey    string // unpadded base64
+	ValidUntilTS int64  // milliseconds
+	ExpiredTS    int64  // 0 while current
+}
+
+// RemoteDevice is a cached device of a remote user.
+type RemoteDevice struct {
+	DeviceID    string
+	DisplayName *string
+	KeyJSON     []byte // canonical DeviceKeys as the remote server gave them
+}
+
+// RemoteDeviceList is what is cached of a remote user's device list.
+type RemoteDeviceList struct {
+	UserID    string
+	StreamID  int64
+	FetchedTS int64
+	// Stale is set when the list may be out of date: it must be fetched
+	// again before it is trusted.
+	Stale bool
+	// SharesRoom is true when some local user shares a room with the user,
+	// so the user's server sends us their changes.
+	SharesRoom bool
+	Devices    []RemoteDevice
+}
+
 // Database is everything the keyserver stores. Every method that writes
 // more than one row does so in one transaction.
 type Database interface {
@@ -151,6 +181,23 @@ type Database interface {
 	CurrentPos(ctx context.Context) (StreamPos, error)
 	DeviceListChanges(ctx context.Context, userID string, from, to StreamPos) (DeviceListChanges, error)
 	SetMembership(ctx context.Context, roomID, userID, membership string) (StreamPos, error)
+
+	// The stream_id /user/devices reports for a local user: the position of
+	// their newest device-list change.
+	DeviceListStreamID(ctx context.Context, userID string) (int64, error)
+
+	// Federation: other servers' keys and the cache of remote device lists.
+	ServerKeys(ctx context.Context, serverName string, keyIDs []string) ([]ServerKey, error)
+	StoreServerKeys(ctx context.Context, keys []ServerKey) error
+	// RemoteDeviceLists returns the cached lists of the users that have
+	// one, in a constant number of round trips. localServer tells which
+	// users are local, for SharesRoom.
+	RemoteDeviceLists(ctx context.Context, userIDs []string, localServer string) (map[string]*RemoteDeviceList, error)
+	// ReplaceRemoteDeviceList stores a freshly fetched list and clears the
+	// user's stale mark. A list that differs from the cached one is a
+	// device-list change (returned position); an identical one is not.
+	ReplaceRemoteDeviceList(ctx context.Context, list RemoteDeviceList, serverName string) (StreamPos, error)
+	MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) error
 
 	Close() error
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/keyserver"
@@ -29,6 +30,7 @@ type Daemon struct {
 	log        *logrus.Logger
 	store      *sqlstore.Store
 	ks         *keyserver.Service
+	fed        *fedclient.Client
 	client     *http.Server
 	federation *http.Server
 	clientLn   net.Listener
@@ -50,9 +52,33 @@ func NewLogger(cfg *config.Config) (*logrus.Logger, error) {
 	return log, nil
 }
 
+// Option adjusts how a daemon starts; tests use them.
+type Option func(*startOptions)
+
+type startOptions struct {
+	clientLn, fedLn net.Listener
+	fedMiddleware   func(http.Handler) http.Handler
+}
+
+// WithListeners serves on listeners already open instead of the configured
+// addresses (so a test can name a server after its port before it starts).
+func WithListeners(client, federation net.Listener) Option {
+	return func(o *startOptions) { o.clientLn, o.fedLn = client, federation }
+}
+
+// WithFederationMiddleware wraps the federation handler (tests count
+// requests with it).
+func WithFederationMiddleware(m func(http.Handler) http.Handler) Option {
+	return func(o *startOptions) { o.fedMiddleware = m }
+}
+
 // Start brings the server up: the configuration must be valid. It returns
 // once both listeners accept connections.
-func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger) (*Daemon, error) {
+func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options ...Option) (*Daemon, error) {
+	var so startOptions
+	for _, o := range options {
+		o(&so)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -79,13 +105,22 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger) (*Daemon
 		return nil, fmt.Errorf("open database: %w", err)
 	}
 	d := &Daemon{cfg: cfg, log: log, store: store, errc: make(chan error, 2)}
+	if cfg.Federation.TLSInsecureSkipVerify {
+		log.Warn("federation.tls_insecure_skip_verify is on: other servers' certificates are not checked (for test set-ups only)")
+	}
+	d.fed = fedclient.New(fedclient.Options{
+		ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
+		SkipVerify: cfg.Federation.TLSInsecureSkipVerify, Logger: log,
+	})
 	d.ks = keyserver.New(store, keyserver.Options{
-		ServerName:       cfg.ServerName,
-		RegistrationOpen: cfg.ClientAPI.Registration == "open",
-		BcryptCost:       cfg.ClientAPI.BcryptCost,
-		MaxOneTimeKeys:   cfg.ClientAPI.MaxOneTimeKeysPerDevice,
-		SyncMaxTimeout:   cfg.ClientAPI.SyncMaxTimeout.Duration(),
-		Logger:           log,
+		ServerName:                cfg.ServerName,
+		RegistrationOpen:          cfg.ClientAPI.Registration == "open",
+		BcryptCost:                cfg.ClientAPI.BcryptCost,
+		MaxOneTimeKeys:            cfg.ClientAPI.MaxOneTimeKeysPerDevice,
+		SyncMaxTimeout:            cfg.ClientAPI.SyncMaxTimeout.Duration(),
+		Federation:                d.fed,
+		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
+		Logger:                    log,
 	})
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
@@ -96,23 +131,34 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger) (*Daemon
 		ReadHeaderTimeout: 30 * time.Second,
 	}
 	d.federation = &http.Server{
-		Handler: federationapi.NewHandler(federationapi.Options{
-			ServerName:  cfg.ServerName,
-			SigningKey:  key,
-			KeyValidity: cfg.Federation.KeyValidity.Duration(),
-			Logger:      log,
+		Handler: federationapi.NewHandler(d.ks, federationapi.Options{
+			ServerName:      cfg.ServerName,
+			SigningKey:      key,
+			KeyValidity:     cfg.Federation.KeyValidity.Duration(),
+			KeyRing:         fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey()),
+			OnAuthenticated: d.fed.MarkAlive,
+			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
+			Logger:          log,
 		}),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 30 * time.Second,
 	}
-	if d.clientLn, err = net.Listen("tcp", cfg.ClientAPI.Listen); err != nil {
-		store.Close()
-		return nil, fmt.Errorf("client API listener: %w", err)
+	if so.fedMiddleware != nil {
+		d.federation.Handler = so.fedMiddleware(d.federation.Handler)
 	}
-	if d.fedLn, err = net.Listen("tcp", cfg.Federation.Listen); err != nil {
-		d.clientLn.Close()
-		store.Close()
-		return nil, fmt.Errorf("federation listener: %w", err)
+	d.clientLn, d.fedLn = so.clientLn, so.fedLn
+	if d.clientLn == nil {
+		if d.clientLn, err = net.Listen("tcp", cfg.ClientAPI.Listen); err != nil {
+			store.Close()
+			return nil, fmt.Errorf("client API listener: %w", err)
+		}
+	}
+	if d.fedLn == nil {
+		if d.fedLn, err = net.Listen("tcp", cfg.Federation.Listen); err != nil {
+			d.clientLn.Close()
+			store.Close()
+			return nil, fmt.Errorf("federation listener: %w", err)
+		}
 	}
 	go func() { d.errc <- serve(d.client.Serve(d.clientLn)) }()
 	go func() { d.errc <- serve(d.federation.ServeTLS(d.fedLn, "", "")) }()
@@ -140,6 +186,12 @@ func (d *Daemon) FederationAddr() string { return d.fedLn.Addr().String() }
 
 // Service is the domain service (for tests and tools).
 func (d *Daemon) Service() *keyserver.Service { return d.ks }
+
+// Store is the database (for tests and tools).
+func (d *Daemon) Store() *sqlstore.Store { return d.store }
+
+// Federation is the outbound federation client (for tests and tools).
+func (d *Daemon) Federation() *fedclient.Client { return d.fed }
 
 // Errors receives a listener's failure.
 func (d *Daemon) Errors() <-chan error { return d.errc }

@@ -252,3 +252,23 @@ func (s *Server) setMembership(t testing.TB, roomID, userID, m string) {
 		map[string]string{"membership": m})
 }
 
+
+// Canonical returns the canonical JSON of v without "unsigned", for
+// comparing key objects.
+func Canonical(t testing.TB, v any) string {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) == nil {
+		delete(m, "unsigned")
+		raw, _ = json.Marshal(m)
+	}
+	c, err := gomatrixserverlib.CanonicalJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(c)
+}

@@ -96,6 +96,44 @@ CREATE TABLE memberships (
 );
 CREATE INDEX memberships_user ON memberships (user_id, membership);
 `},
+	{2, "server keys, cached remote device lists, stale marks", `
+-- other servers' signing keys, as fetched from them
+CREATE TABLE server_keys (
+	server_name    TEXT NOT NULL,
+	key_id         TEXT NOT NULL,
+	public_key     TEXT NOT NULL,
+	valid_until_ts {{BIGINT}} NOT NULL,
+	-- 0 while the key is current; when it was retired otherwise
+	expired_ts     {{BIGINT}} NOT NULL,
+	PRIMARY KEY (server_name, key_id)
+);
+
+-- remote users whose device list is cached, with the stream_id it is at
+CREATE TABLE remote_device_lists (
+	user_id     TEXT PRIMARY KEY,
+	server_name TEXT NOT NULL,
+	stream_id   {{BIGINT}} NOT NULL,
+	fetched_ts  {{BIGINT}} NOT NULL
+);
+
+CREATE TABLE remote_devices (
+	user_id      TEXT NOT NULL,
+	device_id    TEXT NOT NULL,
+	display_name TEXT,
+	key_json     TEXT NOT NULL,
+	PRIMARY KEY (user_id, device_id)
+);
+
+-- remote users whose cached list may be out of date and must be fetched
+-- again before it is trusted; written before any fetch, so a crash cannot
+-- lose the need
+CREATE TABLE stale_device_lists (
+	user_id     TEXT PRIMARY KEY,
+	server_name TEXT NOT NULL,
+	since_ts    {{BIGINT}} NOT NULL
+);
+CREATE INDEX stale_device_lists_server ON stale_device_lists (server_name);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

@@ -1,0 +1,295 @@
+package keyserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Federation is what the keyserver asks of other servers.
+type Federation interface {
+	UserDevices(ctx context.Context, server, userID string) (fedclient.UserDevices, error)
+	ClaimKeys(ctx context.Context, server string, req map[string]map[string]string) (fedclient.ClaimKeysResponse, error)
+}
+
+const (
+	defaultRemoteTimeout = 10 * time.Second
+	maxRemoteTimeout     = time.Minute
+	// MaxRemoteDevices caps what one remote user can make us store.
+	MaxRemoteDevices = 1000
+)
+
+// remoteTimeout is how long a request may wait for other servers: the
+// client's timeout (ms), 10 s by default, a minute at most.
+func (s *Service) remoteTimeout(ms *int64) time.Duration {
+	if ms == nil || *ms <= 0 {
+		return defaultRemoteTimeout
+	}
+	return min(time.Duration(*ms)*time.Millisecond, maxRemoteTimeout)
+}
+
+// failure is how a server's failure is reported to clients.
+func failure(err error) map[string]any {
+	return map[string]any{"status": fedclient.Status(err), "message": err.Error()}
+}
+
+var errNoFederation = errors.New("federation is not configured")
+
+// serverResult is one server's part of a fan-out, merged by the caller
+// alone so that no map is written by two goroutines.
+type serverResult struct {
+	server string
+	lists  map[string]*storage.RemoteDeviceList
+	err    error
+}
+
+// queryRemote fills res with the device keys of remote users, asking all
+// their servers at once.
+func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string][]string, res *QueryResponse) {
+	results := make(chan serverResult, len(remote))
+	for server, users := range remote {
+		ids := make([]string, 0, len(users))
+		for u := range users {
+			ids = append(ids, u)
+		}
+		go func() {
+			lists, err := s.remoteDeviceLists(ctx, server, ids)
+			results <- serverResult{server: server, lists: lists, err: err}
+		}()
+	}
+	for range remote {
+		r := <-results
+		if r.err != nil {
+			res.Failures[r.server] = failure(r.err)
+		}
+		for userID, l := range r.lists {
+			want := remote[r.server][userID]
+			keys := map[string]json.RawMessage{}
+			for _, d := range l.Devices {
+				if len(want) > 0 && !contains(want, d.DeviceID) {
+					continue
+				}
+				js, err := withDisplayName(d.KeyJSON, d.DisplayName)
+				if err != nil {
+					continue // stored canonical JSON always parses
+				}
+				keys[d.DeviceID] = js
+			}
+			res.DeviceKeys[userID] = keys
+		}
+	}
+}
+
+// remoteDeviceLists returns the device lists of users of one server: from
+// the cache when it can be trusted, otherwise fetched (and cached). A list
+// can be trusted when it is not marked stale and either the user shares a
+// room with one of ours (so their server sends us every change) or it was
+// fetched less than UntrackedCacheTTL ago. When fetching fails, a cached
+// copy is still returned, with the error.
+func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs []string) (map[string]*storage.RemoteDeviceList, error) {
+	cached, err := s.db.RemoteDeviceLists(ctx, userIDs, s.opts.ServerName)
+	if err != nil {
+		return nil, err
+	}
+	now := s.nowMS()
+	var fetch []string
+	for _, u := range userIDs {
+		l := cached[u]
+		if l == nil || l.Stale || (!l.SharesRoom && now-l.FetchedTS > s.opts.UntrackedCacheTTL.Milliseconds()) {
+			fetch = append(fetch, u)
+		}
+	}
+	if len(fetch) == 0 {
+		return cached, nil
+	}
+	if s.fed == nil {
+		return cached, errNoFederation
+	}
+	// The protocol has no batch form of /user/devices; the client bounds
+	// how many of these run against one server at once.
+	type fetched struct {
+		list *storage.RemoteDeviceList
+		err  error
+	}
+	out := make([]fetched, len(fetch))
+	var wg sync.WaitGroup
+	for i, u := range fetch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := s.ResyncRemoteUser(ctx, server, u)
+			out[i] = fetched{l, err}
+		}()
+	}
+	wg.Wait()
+	var firstErr error
+	for i, u := range fetch {
+		if out[i].err != nil {
+			if firstErr == nil {
+				firstErr = out[i].err
+			}
+			continue
+		}
+		cached[u] = out[i].list
+	}
+	return cached, firstErr
+}
+
+// ResyncRemoteUser fetches a remote user's whole device list, checks it,
+// and stores it in place of the cached one (a change for local clients
+// only if it differs).
+func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (*storage.RemoteDeviceList, error) {
+	if s.fed == nil {
+		return nil, errNoFederation
+	}
+	resp, err := s.fed.UserDevices(ctx, server, userID)
+	if err != nil {
+		return nil, err
+	}
+	list, err := s.checkUserDevices(server, userID, resp)
+	if err != nil {
+		s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "error": err.Error()}).
+			Warn("rejected a remote device list")
+		return nil, err
+	}
+	pos, err := s.db.ReplaceRemoteDeviceList(ctx, *list, server)
+	if err != nil {
+		return nil, err
+	}
+	s.streamAdvanced(pos)
+	return list, nil
+}
+
+// checkUserDevices turns a /user/devices answer into a list to cache. The
+// whole answer is refused when it is for another user or names more than
+// MaxRemoteDevices devices; single devices whose keys are malformed, belong
+// to someone else or are not signed by the device are left out.
+func (s *Service) checkUserDevices(server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
+	if resp.UserID != userID {
+		return nil, fmt.Errorf("%s answered for %q when asked for %q", server, resp.UserID, userID)
+	}
+	if len(resp.Devices) > MaxRemoteDevices {
+		return nil, fmt.Errorf("%s lists %d devices for %s, more than the %d accepted", server, len(resp.Devices), userID, MaxRemoteDevices)
+	}
+	list := &storage.RemoteDeviceList{UserID: userID, StreamID: resp.StreamID, FetchedTS: s.nowMS()}
+	seen := map[string]bool{}
+	for _, d := range resp.Devices {
+		dk, err := ParseDeviceKeys(d.Keys)
+		if err == nil && (dk.UserID != userID || dk.DeviceID != d.DeviceID) {
+			err = fmt.Errorf("keys are for %s %s", dk.UserID, dk.DeviceID)
+		}
+		if err == nil {
+			err = dk.VerifySelfSignature()
+		}
+		if err == nil && seen[d.DeviceID] {
+			err = errors.New("listed twice")
+		}
+		if err != nil {
+			s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": d.DeviceID, "error": err.Error()}).
+				Warn("ignored a remote device with bad keys")
+			continue
+		}
+		seen[d.DeviceID] = true
+		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: dk.Canonical})
+	}
+	sort.Slice(list.Devices, func(i, j int) bool { return list.Devices[i].DeviceID < list.Devices[j].DeviceID })
+	return list, nil
+}
+
+// claimRemote claims keys of remote devices, one batched request per
+// server, all servers at once. A claimed key is kept only when it carries
+// a valid signature of its device, whose keys come from the device-list
+// cache (fetched when needed).
+func (s *Service) claimRemote(ctx context.Context, remote map[string]map[string]map[string]string, res *ClaimResponse) {
+	type claimed struct {
+		server string
+		keys   map[string]map[string]map[string]json.RawMessage
+		err    error
+	}
+	results := make(chan claimed, len(remote))
+	for server, req := range remote {
+		go func() {
+			if s.fed == nil {
+				results <- claimed{server: server, err: errNoFederation}
+				return
+			}
+			resp, err := s.fed.ClaimKeys(ctx, server, req)
+			if err != nil {
+				results <- claimed{server: server, err: err}
+				return
+			}
+			results <- claimed{server: server, keys: s.verifiedClaims(ctx, server, req, resp.OneTimeKeys)}
+		}()
+	}
+	for range remote {
+		r := <-results
+		if r.err != nil {
+			res.Failures[r.server] = failure(r.err)
+			continue
+		}
+		for userID, devices := range r.keys {
+			res.OneTimeKeys[userID] = devices
+		}
+	}
+}
+
+// verifiedClaims keeps the claimed keys that the server was asked for and
+// that are signed by their device.
+func (s *Service) verifiedClaims(ctx context.Context, server string, req map[string]map[string]string,
+	got map[string]map[string]map[string]json.RawMessage) map[string]map[string]map[string]json.RawMessage {
+	var users []string
+	for userID := range got {
+		if req[userID] != nil {
+			users = append(users, userID)
+		}
+	}
+	lists, err := s.remoteDeviceLists(ctx, server, users)
+	if err != nil && lists == nil {
+		s.log.WithFields(logrus.Fields{"server": server, "error": err.Error()}).Warn("cannot check claimed keys: device keys unknown")
+		return nil
+	}
+	out := map[string]map[string]map[string]json.RawMessage{}
+	for _, userID := range users {
+		l := lists[userID]
+		if l == nil {
+			continue
+		}
+		identity := map[string]string{}
+		for _, d := range l.Devices {
+			if dk, err := ParseDeviceKeys(d.KeyJSON); err == nil {
+				identity[d.DeviceID] = dk.Ed25519()
+			}
+		}
+		for deviceID, keys := range got[userID] {
+			alg, asked := req[userID][deviceID]
+			if !asked || identity[deviceID] == "" {
+				continue
+			}
+			for name, key := range keys {
+				if a, _, err := parseKeyName(name); err != nil || a != alg {
+					continue
+				}
+				if _, err := checkOneTimeKey("one_time_keys", name, key, userID, deviceID, identity[deviceID]); err != nil || !isSignedAlgorithm(alg) {
+					s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": deviceID, "key": name}).
+						Warn("dropped a claimed key without a valid device signature")
+					continue
+				}
+				if out[userID] == nil {
+					out[userID] = map[string]map[string]json.RawMessage{}
+				}
+				out[userID][deviceID] = map[string]json.RawMessage{name: key}
+				break
+			}
+		}
+	}
+	return out
+}
