@@ -1,0 +1,127 @@
+package federationapi_test
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+)
+
+// remoteUser is a user on an Origin with a device and its identity key.
+type remoteUser struct {
+	*testutil.User
+}
+
+func newRemoteUser(t *testing.T, o *testutil.Origin, localpart, deviceID string) remoteUser {
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	return remoteUser{&testutil.User{UserID: "@" + localpart + ":" + o.Name, DeviceID: deviceID, Key: priv}}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// What a remote server answers is checked before it is stored or passed
+// on: devices of other users, unsigned keys and oversized lists are
+// refused; claimed keys must be signed by their device.
+func TestRemoteAnswersAreChecked(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), nil)
+	bob := n.Register(t, "bob", "")
+	o := testutil.NewOrigin(t)
+	carol := newRemoteUser(t, o, "carol", "CAROLDEV")
+	mallory := newRemoteUser(t, o, "mallory", "MALDEV")
+	carolKeys := carol.DeviceKeys(t)
+	forged := carol.DeviceKeys(t)
+	forged["device_id"] = "FORGED" // signature no longer covers it
+
+	o.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
+		switch r.PathValue("user") {
+		case carol.UserID:
+			writeJSON(w, map[string]any{"user_id": carol.UserID, "stream_id": 7, "devices": []any{
+				map[string]any{"device_id": "CAROLDEV", "keys": carolKeys},
+				map[string]any{"device_id": "FORGED", "keys": forged},
+				map[string]any{"device_id": "MALDEV", "keys": mallory.DeviceKeys(t)}, // another user's device
+			}})
+		case "@many:" + o.Name:
+			devices := make([]any, 1001)
+			for i := range devices {
+				devices[i] = map[string]any{"device_id": fmt.Sprintf("D%d", i), "keys": map[string]any{}}
+			}
+			writeJSON(w, map[string]any{"user_id": "@many:" + o.Name, "stream_id": 1, "devices": devices})
+		default: // answers for someone else
+			writeJSON(w, map[string]any{"user_id": mallory.UserID, "stream_id": 1, "devices": []any{}})
+		}
+	})
+	o.Mux.HandleFunc("POST /_matrix/federation/v1/user/keys/claim", func(w http.ResponseWriter, r *http.Request) {
+		bad := carol.SignedKey(t, false)
+		bad["key"] = testutil.RandomKey()
+		writeJSON(w, map[string]any{"one_time_keys": map[string]any{carol.UserID: map[string]any{
+			"CAROLDEV": map[string]any{"signed_curve25519:BAD": bad},
+		}}})
+	})
+
+	r := query(t, n, bob, map[string][]string{carol.UserID: {}}, 5000)
+	got := devicesOf(t, r, carol.UserID)
+	if len(got) != 1 || got["CAROLDEV"] == nil || testutil.Canonical(t, got["CAROLDEV"]) != testutil.Canonical(t, carolKeys) {
+		t.Fatalf("expected only carol's signed device: %v", r)
+	}
+	for _, user := range []string{"@many:" + o.Name, "@someone:" + o.Name} {
+		r := query(t, n, bob, map[string][]string{user: {}}, 5000)
+		if failuresOf(r)[o.Name] == nil || devicesOf(t, r, user) != nil {
+			t.Fatalf("%s: bad answer accepted: %v", user, r)
+		}
+	}
+	c := n.Must(t, "POST", "/_matrix/client/v3/keys/claim", bob.Token, map[string]any{
+		"one_time_keys": map[string]any{carol.UserID: map[string]string{"CAROLDEV": "signed_curve25519"}}})
+	if otk := c["one_time_keys"].(map[string]any); len(otk) != 0 {
+		t.Fatalf("a key with a bad signature was passed on: %v", c)
+	}
+}
+
+// A server that fails is left alone for a while (queries naming it fail at
+// once), until it shows it is up by sending us a signed request.
+func TestFailingServerBacksOff(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), nil)
+	bob := n.Register(t, "bob", "")
+	o := testutil.NewOrigin(t)
+	var calls atomic.Int32
+	var healthy atomic.Bool
+	carol := newRemoteUser(t, o, "carol", "CAROLDEV")
+	o.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		writeJSON(w, map[string]any{"user_id": carol.UserID, "stream_id": 1, "devices": []any{
+			map[string]any{"device_id": "CAROLDEV", "keys": carol.DeviceKeys(t)}}})
+	})
+	for i := 0; i < 3; i++ {
+		r := query(t, n, bob, map[string][]string{carol.UserID: {}}, 5000)
+		f, _ := failuresOf(r)[o.Name].(map[string]any)
+		if f == nil {
+			t.Fatalf("query %d: no failure: %v", i, r)
+		}
+		if i > 0 && !strings.Contains(fmt.Sprint(f["message"]), "not retrying") {
+			t.Fatalf("query %d did not report the backoff: %v", i, f)
+		}
+	}
+	if c := calls.Load(); c != 1 {
+		t.Fatalf("%d requests to a failing server, want 1", c)
+	}
+	// The server comes back and says so by making a signed request.
+	healthy.Store(true)
+	testutil.SendTo(t, n, o.SignedRequest(t, "POST", n.ServerName, "/_matrix/federation/v1/user/keys/query",
+		map[string]any{"device_keys": map[string][]string{}}, "", nil))
+	r := query(t, n, bob, map[string][]string{carol.UserID: {}}, 5000)
+	if len(failuresOf(r)) != 0 || devicesOf(t, r, carol.UserID)["CAROLDEV"] == nil {
+		t.Fatalf("after recovery: %v", r)
+	}
+}
