@@ -7,6 +7,7 @@ import (
 	"bytes"
 	_ "embed" // for the default configuration file
 	"encoding"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -106,6 +107,17 @@ type FederationConfig struct {
 	// SendWait bounds how long /send waits for device-list updates.
 	// Default 10s.
 	SendWait Duration `yaml:"send_wait"`
+	// OldVerifyKeys are signing keys this server used before a key
+	// rotation, published under old_verify_keys so that other servers can
+	// still check what they signed. Keyed by key ID ("ed25519:a_old").
+	OldVerifyKeys map[string]OldVerifyKey `yaml:"old_verify_keys"`
+}
+
+// OldVerifyKey is a retired signing key's public half and when it stopped
+// being used.
+type OldVerifyKey struct {
+	Key       string `yaml:"key"`        // unpadded base64 ed25519 public key
+	ExpiredTS int64  `yaml:"expired_ts"` // milliseconds since the epoch
 }
 
 // Duration is a time.Duration written in configuration files as a Go duration
@@ -184,9 +196,10 @@ func Default() *Config {
 			SyncMaxTimeout:          Duration(60 * time.Second),
 		},
 		Federation: FederationConfig{
-			Listen:      "127.0.0.1:8448",
-			KeyValidity: Duration(24 * time.Hour),
-			SendWait:    Duration(10 * time.Second),
+			Listen:        "127.0.0.1:8448",
+			KeyValidity:   Duration(24 * time.Hour),
+			SendWait:      Duration(10 * time.Second),
+			OldVerifyKeys: map[string]OldVerifyKey{},
 		},
 	}
 }
@@ -313,6 +326,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Federation.KeyValidity <= 0 {
 		add("federation.key_validity must be positive, not %s", c.Federation.KeyValidity)
+	}
+	for id, k := range c.Federation.OldVerifyKeys {
+		alg, version, _ := strings.Cut(id, ":")
+		if alg != "ed25519" || !oldKeyVersion.MatchString(version) {
+			add("federation.old_verify_keys: key ID %q must be ed25519:<version of a-z A-Z 0-9 _>", id)
+		}
+		if b, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(k.Key, "=")); err != nil || len(b) != 32 {
+			add("federation.old_verify_keys: %s: key must be a 32-byte base64 ed25519 public key", id)
+		}
+		if k.ExpiredTS <= 0 {
+			add("federation.old_verify_keys: %s: expired_ts must be a time in milliseconds", id)
+		}
 	}
 	if c.Federation.SendWait <= 0 {
 		add("federation.send_wait must be positive, not %s", c.Federation.SendWait)
@@ -493,6 +518,8 @@ func Keys() []string {
 			}
 			if ft := t.Field(i).Type; isSection(ft) {
 				walk(ft, prefix+name+".")
+			} else if ft.Kind() == reflect.Map || ft.Kind() == reflect.Slice {
+				continue // structured settings live only in the file
 			} else {
 				keys = append(keys, prefix+name)
 			}
@@ -502,6 +529,8 @@ func Keys() []string {
 	sort.Strings(keys)
 	return keys
 }
+
+var oldKeyVersion = regexp.MustCompile(`^[a-zA-Z0-9_]+$`)
 
 var textUnmarshalerType = reflect.TypeOf((*encoding.TextUnmarshaler)(nil)).Elem()
 

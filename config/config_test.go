@@ -464,3 +464,33 @@ func TestDurationYAML(t *testing.T) {
 		t.Errorf("Marshal = %q, want %q", got, want)
 	}
 }
+
+func TestOldVerifyKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "k.yaml")
+	good := "federation:\n  old_verify_keys:\n    \"ed25519:a_old\": {key: \"XGX0JRS2Af3be3knz2fBiRbApjm2Dh61gXDJA8kcJNI\", expired_ts: 1700000000000}\n"
+	if err := os.WriteFile(path, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid old key refused: %v", err)
+	}
+	if k := c.Federation.OldVerifyKeys["ed25519:a_old"]; k.ExpiredTS != 1700000000000 {
+		t.Fatalf("parsed %+v", c.Federation.OldVerifyKeys)
+	}
+	c.Federation.OldVerifyKeys = map[string]OldVerifyKey{"rsa:x": {Key: "AAAA", ExpiredTS: 0}}
+	err = c.Validate()
+	for _, want := range []string{"key ID", "32-byte", "expired_ts"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bad old key: %v, want a mention of %q", err, want)
+		}
+	}
+	for _, k := range Keys() {
+		if strings.Contains(k, "old_verify_keys") {
+			t.Errorf("structured setting %q offered as a flag", k)
+		}
+	}
+}

@@ -34,6 +34,8 @@ type Options struct {
 	ServerName  string
 	SigningKey  identity.SigningKey
 	KeyValidity time.Duration
+	// OldVerifyKeys are retired keys still published: key ID -> key.
+	OldVerifyKeys map[string]OldVerifyKey
 	// KeyRing checks request signatures with other servers' keys.
 	KeyRing gomatrixserverlib.JSONVerifier
 	// OnAuthenticated is told of every server that made an authenticated
@@ -42,6 +44,12 @@ type Options struct {
 	MaxRequestBytes int64
 	Logger          logrus.FieldLogger
 	Now             func() time.Time
+}
+
+// OldVerifyKey is a retired signing key.
+type OldVerifyKey struct {
+	Key       string `json:"key"`
+	ExpiredTS int64  `json:"expired_ts"`
 }
 
 type api struct {
@@ -158,12 +166,16 @@ func (a *api) userDevices(r request) (any, error) {
 // signed with itself.
 func (a *api) serverKeys(w http.ResponseWriter, r *http.Request) {
 	key := a.opts.SigningKey
+	old := a.opts.OldVerifyKeys
+	if old == nil {
+		old = map[string]OldVerifyKey{}
+	}
 	raw, err := json.Marshal(map[string]any{
 		"server_name": a.opts.ServerName,
 		"verify_keys": map[string]any{
 			string(key.KeyID): map[string]string{"key": base64.RawStdEncoding.EncodeToString(key.PublicKey())},
 		},
-		"old_verify_keys": map[string]any{},
+		"old_verify_keys": old,
 		"valid_until_ts":  a.opts.Now().Add(a.opts.KeyValidity).UnixMilli(),
 	})
 	if err == nil {

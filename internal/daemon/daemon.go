@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -135,6 +136,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			ServerName:      cfg.ServerName,
 			SigningKey:      key,
 			KeyValidity:     cfg.Federation.KeyValidity.Duration(),
+			OldVerifyKeys:   oldVerifyKeys(cfg),
 			KeyRing:         fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey()),
 			OnAuthenticated: d.fed.MarkAlive,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
@@ -169,6 +171,14 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		"database":    store.Dialect(),
 	}).Info("keyserver started")
 	return d, nil
+}
+
+func oldVerifyKeys(cfg *config.Config) map[string]federationapi.OldVerifyKey {
+	out := make(map[string]federationapi.OldVerifyKey, len(cfg.Federation.OldVerifyKeys))
+	for id, k := range cfg.Federation.OldVerifyKeys {
+		out[id] = federationapi.OldVerifyKey{Key: strings.TrimRight(k.Key, "="), ExpiredTS: k.ExpiredTS}
+	}
+	return out
 }
 
 func serve(err error) error {

@@ -25,7 +25,6 @@ type Database struct {
 	URI  string
 }
 
-
 // SQLite returns a fresh SQLite database.
 func SQLite(t testing.TB) Database {
 	return Database{Name: "sqlite3", URI: "file:" + filepath.Join(t.TempDir(), "keyserver.db")}

@@ -241,17 +241,20 @@ func (s *Server) Upload(t testing.TB, u *User, body map[string]any) map[string]a
 }
 
 // Join records a room membership through the admin API.
-func (s *Server) Join(t testing.TB, roomID, userID string) { s.setMembership(t, roomID, userID, "join") }
+func (s *Server) Join(t testing.TB, roomID, userID string) {
+	s.setMembership(t, roomID, userID, "join")
+}
 
 // Leave records that a user left a room.
-func (s *Server) Leave(t testing.TB, roomID, userID string) { s.setMembership(t, roomID, userID, "leave") }
+func (s *Server) Leave(t testing.TB, roomID, userID string) {
+	s.setMembership(t, roomID, userID, "leave")
+}
 
 func (s *Server) setMembership(t testing.TB, roomID, userID, m string) {
 	t.Helper()
 	s.Must(t, "PUT", "/_keyserver/admin/v1/rooms/"+url.PathEscape(roomID)+"/members/"+url.PathEscape(userID), AdminToken,
 		map[string]string{"membership": m})
 }
-
 
 // Canonical returns the canonical JSON of v without "unsigned", for
 // comparing key objects.

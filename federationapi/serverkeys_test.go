@@ -1,0 +1,64 @@
+package federationapi_test
+
+import (
+	"crypto/ed25519"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/testutil"
+)
+
+// The published key response is signed by the key it lists, passes the
+// checks other servers make, and lists retired keys as old_verify_keys.
+func TestServerKeys(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), func(c *config.Config) {
+		c.Federation.OldVerifyKeys = map[string]config.OldVerifyKey{
+			"ed25519:a_old": {Key: "XGX0JRS2Af3be3knz2fBiRbApjm2Dh61gXDJA8kcJNI", ExpiredTS: 1700000000000},
+		}
+	})
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Get("https://" + n.Config.Federation.Listen + "/_matrix/key/v2/server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var keys gomatrixserverlib.ServerKeys
+	if err := json.Unmarshal(raw, &keys); err != nil {
+		t.Fatal(err)
+	}
+	checks, _ := gomatrixserverlib.CheckKeys(spec.ServerName(n.ServerName), time.Now(), keys)
+	if !checks.AllChecksOK {
+		t.Fatalf("key response fails the checks: %+v\n%s", checks, raw)
+	}
+	if len(keys.VerifyKeys) != 1 {
+		t.Fatalf("verify keys %v", keys.VerifyKeys)
+	}
+	for id, k := range keys.VerifyKeys {
+		if err := gomatrixserverlib.VerifyJSON(n.ServerName, id, ed25519.PublicKey(k.Key), raw); err != nil {
+			t.Fatalf("not self-signed: %v", err)
+		}
+	}
+	old, ok := keys.OldVerifyKeys["ed25519:a_old"]
+	if !ok || old.ExpiredTS != 1700000000000 || base64.RawStdEncoding.EncodeToString(old.Key) != "XGX0JRS2Af3be3knz2fBiRbApjm2Dh61gXDJA8kcJNI" {
+		t.Fatalf("old_verify_keys %s", raw)
+	}
+	if until := keys.ValidUntilTS.Time(); until.Before(time.Now().Add(time.Hour)) {
+		t.Fatalf("valid_until_ts %v is too soon", until)
+	}
+	// The version endpoint needs no signature.
+	resp, err = c.Get("https://" + n.Config.Federation.Listen + "/_matrix/federation/v1/version")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("version: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
