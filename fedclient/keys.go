@@ -58,3 +58,26 @@ func (c *Client) ClaimKeys(ctx context.Context, dest string, req map[string]map[
 	err := c.Do(ctx, "POST", dest, "/_matrix/federation/v1/user/keys/claim", map[string]any{"one_time_keys": req}, &out)
 	return out, err
 }
+
+// Transaction is the body of PUT /send/{txnId}.
+type Transaction struct {
+	Origin         string            `json:"origin"`
+	OriginServerTS int64             `json:"origin_server_ts"`
+	PDUs           []json.RawMessage `json:"pdus"`
+	EDUs           []EDU             `json:"edus,omitempty"`
+}
+
+// EDU is an ephemeral event in a transaction.
+type EDU struct {
+	Type    string          `json:"edu_type"`
+	Content json.RawMessage `json:"content"`
+}
+
+// SendTransaction delivers a transaction. A retry of the same transaction
+// must use the same txnID, so the receiver processes it once.
+func (c *Client) SendTransaction(ctx context.Context, dest, txnID string, t Transaction) error {
+	if t.PDUs == nil {
+		t.PDUs = []json.RawMessage{}
+	}
+	return c.Do(ctx, "PUT", dest, "/_matrix/federation/v1/send/"+url.PathEscape(txnID), t, nil)
+}

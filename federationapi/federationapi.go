@@ -83,6 +83,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.Handle("/_matrix/federation/v1/user/keys/query", a.authed(a.queryKeys)).Methods(http.MethodPost)
 	r.Handle("/_matrix/federation/v1/user/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
 	r.Handle("/_matrix/federation/v1/user/devices/{userId}", a.authed(a.userDevices)).Methods(http.MethodGet)
+	r.Handle("/_matrix/federation/v1/send/{txnId}", a.authed(a.send)).Methods(http.MethodPut)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 
@@ -152,6 +153,18 @@ func (a *api) claimKeys(r request) (any, error) {
 		return nil, err
 	}
 	return a.ks.FederationClaimKeys(r.Context(), req.OneTimeKeys)
+}
+
+func (a *api) send(r request) (any, error) {
+	txnID, err := url.PathUnescape(mux.Vars(r.Request)["txnId"])
+	if err != nil || txnID == "" {
+		return nil, mxerr.InvalidParam("bad transaction ID")
+	}
+	var shape struct{}
+	if err := httpx.Decode(r.content, &shape, false); err != nil {
+		return nil, err
+	}
+	return a.ks.HandleTransaction(r.Context(), r.origin, txnID, r.content)
 }
 
 func (a *api) userDevices(r request) (any, error) {

@@ -171,7 +171,7 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 		if err != nil {
 			return LoginResponse{}, err
 		}
-		s.streamAdvanced(res.Pos)
+		s.localChange(res.Pos)
 		s.log.WithField("user_id", userID).Info("account registered")
 		out := LoginResponse{UserID: userID}
 		if login != nil {
@@ -254,7 +254,7 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	if err != nil {
 		return LoginResponse{}, err
 	}
-	s.streamAdvanced(res.Pos)
+	s.localChange(res.Pos)
 	return LoginResponse{UserID: userID, AccessToken: token, DeviceID: l.DeviceID}, nil
 }
 
@@ -289,14 +289,14 @@ func (s *Service) checkPassword(ctx context.Context, user, password string) (str
 // Logout deletes the caller's device (and so its token and keys).
 func (s *Service) Logout(ctx context.Context, c Caller) error {
 	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, []string{c.DeviceID})
-	s.streamAdvanced(pos)
+	s.localChange(pos)
 	return err
 }
 
 // LogoutAll deletes every device of the caller.
 func (s *Service) LogoutAll(ctx context.Context, c Caller) error {
 	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, nil)
-	s.streamAdvanced(pos)
+	s.localChange(pos)
 	return err
 }
 

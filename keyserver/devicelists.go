@@ -174,7 +174,13 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 	if membership != storage.MembershipJoin && membership != storage.MembershipLeave {
 		return mxerr.InvalidParam("membership must be %q or %q", storage.MembershipJoin, storage.MembershipLeave)
 	}
-	pos, err := s.db.SetMembership(ctx, roomID, userID, membership)
-	s.streamAdvanced(pos)
-	return err
+	res, err := s.db.SetMembership(ctx, roomID, userID, membership, s.nowMS())
+	if err != nil {
+		return err
+	}
+	s.streamAdvanced(res.Pos)
+	if len(res.NewlyStale) > 0 && s.updater != nil {
+		s.updater.Wake()
+	}
+	return nil
 }

@@ -65,7 +65,7 @@ func (s *Service) RenameDevice(ctx context.Context, c Caller, deviceID string, n
 	if errors.Is(err, storage.ErrNotFound) {
 		return mxerr.NotFound("unknown device")
 	}
-	s.streamAdvanced(pos)
+	s.localChange(pos)
 	return err
 }
 
@@ -76,7 +76,7 @@ func (s *Service) DeleteDevices(ctx context.Context, c Caller, deviceIDs []strin
 		return err
 	}
 	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, deviceIDs)
-	s.streamAdvanced(pos)
+	s.localChange(pos)
 	return err
 }
 

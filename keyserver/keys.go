@@ -134,7 +134,7 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 	if err != nil {
 		return UploadResponse{}, err
 	}
-	s.streamAdvanced(res.Pos)
+	s.localChange(res.Pos)
 	return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
 }
 

@@ -19,6 +19,7 @@ import (
 type Federation interface {
 	UserDevices(ctx context.Context, server, userID string) (fedclient.UserDevices, error)
 	ClaimKeys(ctx context.Context, server string, req map[string]map[string]string) (fedclient.ClaimKeysResponse, error)
+	Transport
 }
 
 const (
@@ -96,7 +97,7 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 // fetched less than UntrackedCacheTTL ago. When fetching fails, a cached
 // copy is still returned, with the error.
 func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs []string) (map[string]*storage.RemoteDeviceList, error) {
-	cached, err := s.db.RemoteDeviceLists(ctx, userIDs, s.opts.ServerName)
+	cached, err := s.db.RemoteDeviceLists(ctx, userIDs)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@
 package keyserver
 
 import (
+	"context"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -20,8 +22,14 @@ type Options struct {
 	MaxOneTimeKeys   int           // unclaimed one-time keys a device may hold
 	SyncMaxTimeout   time.Duration // cap on a /sync long-poll
 	// Federation reaches other servers; nil answers remote users with a
-	// failure.
+	// failure and sends nothing.
 	Federation Federation
+	// SendWait bounds how long an incoming transaction waits for the
+	// resyncs its device-list updates need (default 10 s).
+	SendWait time.Duration
+	// Sender and Updater tune the background workers.
+	Sender  SenderOptions
+	Updater UpdaterOptions
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
@@ -35,6 +43,8 @@ type Options struct {
 type Service struct {
 	db       storage.Database
 	fed      Federation
+	sender   *Sender
+	updater  *Updater
 	opts     Options
 	notifier *Notifier
 	log      logrus.FieldLogger
@@ -58,13 +68,62 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.SyncMaxTimeout <= 0 {
 		opts.SyncMaxTimeout = time.Minute
 	}
+	if opts.SendWait <= 0 {
+		opts.SendWait = 10 * time.Second
+	}
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute
 	}
 	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: NewNotifier(), log: opts.Logger, now: opts.Now}
 	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
+	if s.fed != nil {
+		so := opts.Sender
+		so.ServerName, so.DeviceNames = opts.ServerName, opts.DeviceNamesOverFederation
+		if so.Logger == nil {
+			so.Logger = opts.Logger
+		}
+		s.sender = NewSender(db, s.fed, so)
+		uo := opts.Updater
+		if uo.Logger == nil {
+			uo.Logger = opts.Logger
+		}
+		s.updater = NewUpdater(db, func(ctx context.Context, server, userID string) error {
+			_, err := s.ResyncRemoteUser(ctx, server, userID)
+			return err
+		}, uo)
+	}
 	return s
 }
+
+// Run runs the background workers (outbound device-list updates and the
+// updater of remote lists) until ctx ends.
+func (s *Service) Run(ctx context.Context) {
+	if s.fed == nil {
+		<-ctx.Done()
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.sender.Run(ctx) }()
+	go func() { defer wg.Done(); s.updater.Run(ctx) }()
+	wg.Wait()
+}
+
+// ServerAlive is told of every server that made an authenticated request:
+// it is up, so waits on its account end.
+func (s *Service) ServerAlive(ctx context.Context, server string) {
+	if s.fed == nil {
+		return
+	}
+	s.sender.DestinationAlive(server)
+	s.updater.ServerAlive(ctx, server)
+}
+
+// Sender is the outbound device-list sender (nil without federation).
+func (s *Service) Sender() *Sender { return s.sender }
+
+// Updater is the remote device-list updater (nil without federation).
+func (s *Service) Updater() *Updater { return s.updater }
 
 // ServerName is the server's name.
 func (s *Service) ServerName() string { return s.opts.ServerName }
@@ -74,6 +133,15 @@ func (s *Service) Close() { s.notifier.Close() }
 
 // WaitingSyncs counts the users with a /sync request waiting for news.
 func (s *Service) WaitingSyncs() int { return s.notifier.waiting() }
+
+// localChange follows a committed change of a local user's device list:
+// waiters are told, and the updates queued for other servers are sent.
+func (s *Service) localChange(pos storage.StreamPos) {
+	s.streamAdvanced(pos)
+	if pos > 0 && s.sender != nil {
+		s.sender.Poke()
+	}
+}
 
 // streamAdvanced tells waiters about a committed change at pos (0: none).
 func (s *Service) streamAdvanced(pos storage.StreamPos) {

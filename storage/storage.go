@@ -149,6 +149,61 @@ type RemoteDeviceList struct {
 	Devices    []RemoteDevice
 }
 
+// MembershipResult tells what a membership change did.
+type MembershipResult struct {
+	Pos        StreamPos
+	NewlyStale []StaleUser
+}
+
+// RemoteDeviceUpdate is a checked m.device_list_update.
+type RemoteDeviceUpdate struct {
+	UserID      string
+	DeviceID    string
+	StreamID    int64
+	PrevIDs     []int64
+	Deleted     bool
+	KeyJSON     []byte // canonical device keys; nil when the update has none
+	DisplayName *string
+}
+
+// ApplyOutcome is what became of a remote update.
+type ApplyOutcome int
+
+// The outcomes of ApplyRemoteDeviceUpdate.
+const (
+	Applied    ApplyOutcome = iota // the change is in the cache
+	Duplicate                      // seen before: nothing to do
+	NeedResync                     // a gap (or no cache): the user was marked stale
+)
+
+// ApplyResult is the outcome of an update and the position of the change
+// it made for local clients (0 when none).
+type ApplyResult struct {
+	Outcome ApplyOutcome
+	Pos     StreamPos
+}
+
+// StaleUser is a remote user waiting for a resync.
+type StaleUser struct {
+	UserID     string
+	ServerName string
+	Attempts   int
+	RetryAtTS  int64
+}
+
+// OutboundUpdate is a pending device-list update for one destination, with
+// the device's state now (it is sent as the newest state, so only the
+// newest pending update of a device is ever sent).
+type OutboundUpdate struct {
+	UserID      string
+	DeviceID    string
+	StreamID    int64
+	PrevID      int64 // 0: none
+	Deleted     bool  // the device no longer exists
+	KeyJSON     []byte
+	DisplayName *string
+}
+
 // Database is everything the keyserver stores. Every method that writes
 // more than one row does so in one transaction.
 type Database interface {
@@ -180,7 +235,10 @@ type Database interface {
 	// Device-list stream and membership.
 	CurrentPos(ctx context.Context) (StreamPos, error)
 	DeviceListChanges(ctx context.Context, userID string, from, to StreamPos) (DeviceListChanges, error)
-	SetMembership(ctx context.Context, roomID, userID, membership string) (StreamPos, error)
+	// SetMembership records a membership; it also starts tracking remote
+	// users who now share a room with a local user (marked stale, returned
+	// in NewlyStale) and forgets those who no longer share any.
+	SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (MembershipResult, error)
 
 	// The stream_id /user/devices reports for a local user: the position of
 	// their newest device-list change.
@@ -190,14 +248,42 @@ type Database interface {
 	ServerKeys(ctx context.Context, serverName string, keyIDs []string) ([]ServerKey, error)
 	StoreServerKeys(ctx context.Context, keys []ServerKey) error
 	// RemoteDeviceLists returns the cached lists of the users that have
-	// one, in a constant number of round trips. localServer tells which
-	// users are local, for SharesRoom.
-	RemoteDeviceLists(ctx context.Context, userIDs []string, localServer string) (map[string]*RemoteDeviceList, error)
+	// one, in a constant number of round trips.
+	RemoteDeviceLists(ctx context.Context, userIDs []string) (map[string]*RemoteDeviceList, error)
 	// ReplaceRemoteDeviceList stores a freshly fetched list and clears the
 	// user's stale mark. A list that differs from the cached one is a
 	// device-list change (returned position); an identical one is not.
 	ReplaceRemoteDeviceList(ctx context.Context, list RemoteDeviceList, serverName string) (StreamPos, error)
 	MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) error
+	// ApplyRemoteDeviceUpdate applies one m.device_list_update, or says the
+	// user must be resynced because its prev_id names an unseen update.
+	ApplyRemoteDeviceUpdate(ctx context.Context, u RemoteDeviceUpdate) (ApplyResult, error)
+	// SharesRoomWithLocal reports whether a local user shares a room with userID.
+	SharesRoomWithLocal(ctx context.Context, userID string) (bool, error)
+
+	// The device-list updater's queue: stale users with their retry state.
+	DueStaleUsers(ctx context.Context, now int64, limit int) ([]StaleUser, error)
+	StaleEntry(ctx context.Context, userID string) (StaleUser, bool, error)
+	NextStaleRetry(ctx context.Context) (at int64, ok bool, err error)
+	RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error
+	// DeferServer holds back every stale user of a server until a time;
+	// RetryServerNow makes them all due.
+	DeferServer(ctx context.Context, serverName string, until int64) error
+	RetryServerNow(ctx context.Context, serverName string) error
+
+	// Outbound device-list updates, queued per destination in the
+	// transaction of each local change.
+	PendingDestinations(ctx context.Context) ([]string, error)
+	PendingUpdates(ctx context.Context, destination string, limit int) ([]OutboundUpdate, error)
+	MarkUpdatesSent(ctx context.Context, destination string, sent []OutboundUpdate) error
+	// AcquireDestination takes (or renews) the right to send to a
+	// destination until expires; false when another daemon holds it.
+	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error)
+	ReleaseDestination(ctx context.Context, destination, owner string) error
+
+	// Inbound /send transactions already answered.
+	InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error)
+	StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error
 
 	Close() error
 }

@@ -37,6 +37,15 @@ type Daemon struct {
 	clientLn   net.Listener
 	fedLn      net.Listener
 	errc       chan error
+	// the background workers (device-list sender and updater)
+	stopWorkers context.CancelFunc
+	workersDone chan struct{}
+}
+
+// serverAlive is told of each server that sent an authenticated request.
+func (d *Daemon) serverAlive(origin string) {
+	d.fed.MarkAlive(origin)
+	d.ks.ServerAlive(context.Background(), origin)
 }
 
 // NewLogger makes the logger the configuration asks for.
@@ -59,6 +68,13 @@ type Option func(*startOptions)
 type startOptions struct {
 	clientLn, fedLn net.Listener
 	fedMiddleware   func(http.Handler) http.Handler
+	tune            func(*keyserver.Options, *fedclient.Options)
+}
+
+// WithTuning adjusts the domain's and the federation client's settings
+// beyond the configuration (tests shorten backoffs with it).
+func WithTuning(f func(*keyserver.Options, *fedclient.Options)) Option {
+	return func(o *startOptions) { o.tune = f }
 }
 
 // WithListeners serves on listeners already open instead of the configured
@@ -101,7 +117,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		log.WithField("path", cfg.TLSCertFile()).Info("generated a self-signed TLS certificate for the federation listener")
 	}
 
-	store, err := sqlstore.Open(ctx, cfg.DatabaseURI())
+	store, err := sqlstore.Open(ctx, cfg.DatabaseURI(), cfg.ServerName)
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
@@ -109,20 +125,26 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	if cfg.Federation.TLSInsecureSkipVerify {
 		log.Warn("federation.tls_insecure_skip_verify is on: other servers' certificates are not checked (for test set-ups only)")
 	}
-	d.fed = fedclient.New(fedclient.Options{
+	fo := fedclient.Options{
 		ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
 		SkipVerify: cfg.Federation.TLSInsecureSkipVerify, Logger: log,
-	})
-	d.ks = keyserver.New(store, keyserver.Options{
+	}
+	ko := keyserver.Options{
 		ServerName:                cfg.ServerName,
 		RegistrationOpen:          cfg.ClientAPI.Registration == "open",
 		BcryptCost:                cfg.ClientAPI.BcryptCost,
 		MaxOneTimeKeys:            cfg.ClientAPI.MaxOneTimeKeysPerDevice,
 		SyncMaxTimeout:            cfg.ClientAPI.SyncMaxTimeout.Duration(),
-		Federation:                d.fed,
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
+		SendWait:                  cfg.Federation.SendWait.Duration(),
 		Logger:                    log,
-	})
+	}
+	if so.tune != nil {
+		so.tune(&ko, &fo)
+	}
+	d.fed = fedclient.New(fo)
+	ko.Federation = d.fed
+	d.ks = keyserver.New(store, ko)
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
@@ -138,7 +160,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyValidity:     cfg.Federation.KeyValidity.Duration(),
 			OldVerifyKeys:   oldVerifyKeys(cfg),
 			KeyRing:         fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey()),
-			OnAuthenticated: d.fed.MarkAlive,
+			OnAuthenticated: d.serverAlive,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			Logger:          log,
 		}),
@@ -162,6 +184,10 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			return nil, fmt.Errorf("federation listener: %w", err)
 		}
 	}
+	var workers context.Context
+	workers, d.stopWorkers = context.WithCancel(context.Background())
+	d.workersDone = make(chan struct{})
+	go func() { defer close(d.workersDone); d.ks.Run(workers) }()
 	go func() { d.errc <- serve(d.client.Serve(d.clientLn)) }()
 	go func() { d.errc <- serve(d.federation.ServeTLS(d.fedLn, "", "")) }()
 	log.WithFields(logrus.Fields{
@@ -211,6 +237,14 @@ func (d *Daemon) Errors() <-chan error { return d.errc }
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.ks.Close()
 	errs := []error{d.client.Shutdown(ctx), d.federation.Shutdown(ctx)}
+	// Then the workers: what they have not sent stays queued in the
+	// database for the next start.
+	d.stopWorkers()
+	select {
+	case <-d.workersDone:
+	case <-ctx.Done():
+		errs = append(errs, ctx.Err())
+	}
 	errs = append(errs, d.store.Close())
 	d.log.Info("keyserver stopped")
 	return errors.Join(errs...)

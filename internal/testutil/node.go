@@ -14,7 +14,9 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/daemon"
+	"github.com/keyserver/keyserver/keyserver"
 )
 
 // Node is a whole daemon on loopback, named after its federation address
@@ -65,12 +67,23 @@ func (n *Node) start(fedLn net.Listener) {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	d, err := daemon.Start(context.Background(), n.Config, log,
-		daemon.WithListeners(clientLn, fedLn), daemon.WithFederationMiddleware(n.Requests.middleware))
+		daemon.WithListeners(clientLn, fedLn), daemon.WithFederationMiddleware(n.Requests.middleware),
+		daemon.WithTuning(testTuning))
 	if err != nil {
 		n.t.Fatal(err)
 	}
 	n.Daemon = d
 	n.Server = &Server{URL: "http://" + d.ClientAddr(), ServerName: n.Config.ServerName, Service: d.Service(), Store: d.Store()}
+}
+
+// testTuning shortens the waits of the background workers, so tests of
+// retries and recovery take fractions of a second; the backoff logic is
+// the same.
+func testTuning(k *keyserver.Options, f *fedclient.Options) {
+	f.MinBackoff = time.Second
+	k.Sender.MinRetry = 200 * time.Millisecond
+	k.Updater.TimeoutBase, k.Updater.ErrorBase = 200*time.Millisecond, 200*time.Millisecond
+	k.Updater.StartSpread = 100 * time.Millisecond
 }
 
 // listenRetry listens on addr, retrying briefly while a just-closed

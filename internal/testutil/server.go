@@ -48,7 +48,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	if o.ServerName == "" {
 		o.ServerName = "test.local"
 	}
-	store, err := sqlstore.Open(context.Background(), db.URI)
+	store, err := sqlstore.Open(context.Background(), db.URI, o.ServerName)
 	if err != nil {
 		t.Fatalf("open %s: %v", db.Name, err)
 	}

@@ -33,7 +33,7 @@ func (s *Store) login(ctx context.Context, tx *sql.Tx, l storage.NewLogin) (stor
 	if n, _ := r.RowsAffected(); n > 0 {
 		// A new, still keyless device is a change of the user's device list.
 		res.DeviceCreated = true
-		if res.Pos, err = recordDeviceChange(ctx, tx, l.UserID, l.DeviceID, false); err != nil {
+		if res.Pos, err = s.recordLocalChange(ctx, tx, l.UserID, l.DeviceID, false); err != nil {
 			return res, err
 		}
 	} else {
@@ -133,7 +133,7 @@ func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name
 			name, userID, deviceID); err != nil {
 			return err
 		}
-		pos, err = recordDeviceChange(ctx, tx, userID, deviceID, false)
+		pos, err = s.recordLocalChange(ctx, tx, userID, deviceID, false)
 		return err
 	})
 	return pos, err
@@ -182,7 +182,7 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 			}
 		}
 		for _, id := range deleted {
-			if pos, err = recordDeviceChange(ctx, tx, userID, id, true); err != nil {
+			if pos, err = s.recordLocalChange(ctx, tx, userID, id, true); err != nil {
 				return err
 			}
 		}

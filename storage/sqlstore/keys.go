@@ -34,7 +34,7 @@ func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTime
 				string(w.DeviceKeys), userID, deviceID); err != nil {
 				return err
 			}
-			if res.Pos, err = recordDeviceChange(ctx, tx, userID, deviceID, false); err != nil {
+			if res.Pos, err = s.recordLocalChange(ctx, tx, userID, deviceID, false); err != nil {
 				return err
 			}
 		}

@@ -134,6 +134,56 @@ CREATE TABLE stale_device_lists (
 );
 CREATE INDEX stale_device_lists_server ON stale_device_lists (server_name);
 `},
+	{3, "outbound device-list updates, seen remote stream IDs, inbound transactions, resync retries", `
+-- the newest pending update of each (user, device) for each destination:
+-- a newer change replaces an unsent older one, so duplicates never go out
+CREATE TABLE outbound_device_updates (
+	destination TEXT NOT NULL,
+	user_id     TEXT NOT NULL,
+	device_id   TEXT NOT NULL,
+	stream_id   {{BIGINT}} NOT NULL,
+	PRIMARY KEY (destination, user_id, device_id)
+);
+
+-- the last stream_id of each user delivered to each destination: the
+-- prev_id of the next update sent there
+CREATE TABLE outbound_last_sent (
+	destination TEXT NOT NULL,
+	user_id     TEXT NOT NULL,
+	stream_id   {{BIGINT}} NOT NULL,
+	PRIMARY KEY (destination, user_id)
+);
+
+-- which daemon sends to a destination, when several share the database
+CREATE TABLE outbound_leases (
+	destination TEXT PRIMARY KEY,
+	owner       TEXT NOT NULL,
+	expires_ts  {{BIGINT}} NOT NULL
+);
+
+-- recent stream_ids seen for each remote user (the newest few are kept),
+-- against which an update's prev_id is checked
+CREATE TABLE remote_stream_ids (
+	user_id   TEXT NOT NULL,
+	stream_id {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, stream_id)
+);
+
+-- answers to /send transactions already processed, so a retry gets the same
+-- answer and is not processed again; pruned after a day
+CREATE TABLE inbound_transactions (
+	origin      TEXT NOT NULL,
+	txn_id      TEXT NOT NULL,
+	response    TEXT NOT NULL,
+	received_ts {{BIGINT}} NOT NULL,
+	PRIMARY KEY (origin, txn_id)
+);
+CREATE INDEX inbound_transactions_received ON inbound_transactions (received_ts);
+
+ALTER TABLE stale_device_lists ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE stale_device_lists ADD COLUMN retry_at_ts {{BIGINT}} NOT NULL DEFAULT 0;
+CREATE INDEX stale_device_lists_due ON stale_device_lists (retry_at_ts);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

@@ -61,7 +61,7 @@ func (s *Store) StoreServerKeys(ctx context.Context, keys []storage.ServerKey) e
 // RemoteDeviceLists reads the cached lists of the given users in three
 // queries: the lists with their stale marks, their devices, and which of
 // them share a room with a local user.
-func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string, localServer string) (map[string]*storage.RemoteDeviceList, error) {
+func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[string]*storage.RemoteDeviceList, error) {
 	out := map[string]*storage.RemoteDeviceList{}
 	if len(userIDs) == 0 {
 		return out, nil
@@ -115,13 +115,11 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string, localSe
 		return nil, err
 	}
 
-	// Server names hold no LIKE wildcards, so the suffix names exactly the
-	// local users.
 	rows, err = s.db.QueryContext(ctx, `
 		SELECT DISTINCT theirs.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
 		WHERE ours.user_id LIKE $1 AND ours.membership = 'join' AND theirs.membership = 'join'
 		AND theirs.user_id IN (`+placeholders(2, len(userIDs))+`)`,
-		args([]any{"%:" + strings.NewReplacer("%", "", "_", "").Replace(localServer)}, userIDs)...)
+		args([]any{s.localPattern()}, userIDs)...)
 	if err != nil {
 		return nil, err
 	}
@@ -144,11 +142,22 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		pos = 0
 		var known int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM remote_device_lists WHERE user_id = $1`, list.UserID).Scan(&known); err != nil {
+		var current int64
+		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, list.UserID).Scan(&current)
+		switch {
+		case err == nil:
+			known = 1
+		case err != sql.ErrNoRows:
+			return err
+		}
+		if known == 1 && list.StreamID < current {
+			// Updates newer than this answer were applied while it was on
+			// its way: the cache is ahead of it, so keep the cache.
+			_, err := tx.ExecContext(ctx, `DELETE FROM stale_device_lists WHERE user_id = $1`, list.UserID)
 			return err
 		}
 		old := map[string]storage.RemoteDevice{}
-		rows, err := tx.QueryContext(ctx, `SELECT device_id, display_name, key_json FROM remote_devices WHERE user_id = $1`+s.d.forUpdate, list.UserID)
+		rows, err := tx.QueryContext(ctx, `SELECT device_id, display_name, key_json FROM remote_devices WHERE user_id = $1`, list.UserID)
 		if err != nil {
 			return err
 		}
@@ -206,6 +215,9 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 		if _, err := tx.ExecContext(ctx, `DELETE FROM stale_device_lists WHERE user_id = $1`, list.UserID); err != nil {
 			return err
 		}
+		if err := s.rememberStreamID(ctx, tx, list.UserID, list.StreamID); err != nil {
+			return err
+		}
 		// A list seen for the first time is news to nobody: no client can
 		// have fetched it from us before.
 		if known == 0 {
@@ -233,11 +245,135 @@ func sameDevice(a, b storage.RemoteDevice) bool {
 	return bytes.Equal(a.KeyJSON, b.KeyJSON)
 }
 
-// MarkRemoteStale marks a remote user's cached list as out of date.
+// MarkRemoteStale marks a remote user's cached list as out of date, due
+// for a resync now (a user already marked keeps its retry state).
 func (s *Store) MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts) VALUES ($1, $2, $3)
-			ON CONFLICT (user_id) DO NOTHING`, userID, serverName, now)
+	return s.write(ctx, func(tx *sql.Tx) error { return markStale(ctx, tx, userID, serverName, now) })
+}
+
+func markStale(ctx context.Context, tx *sql.Tx, userID, serverName string, now int64) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts, attempts, retry_at_ts)
+		VALUES ($1, $2, $3, 0, 0) ON CONFLICT (user_id) DO NOTHING`, userID, serverName, now)
+	return err
+}
+
+// keptStreamIDs is how many recent stream_ids are remembered per remote
+// user: enough for the prev_ids of updates arriving close together.
+const keptStreamIDs = 50
+
+// rememberStreamID records a stream_id as seen for a remote user and
+// forgets all but the newest few.
+func (s *Store) rememberStreamID(ctx context.Context, tx *sql.Tx, userID string, streamID int64) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO remote_stream_ids (user_id, stream_id) VALUES ($1, $2)
+		ON CONFLICT (user_id, stream_id) DO NOTHING`, userID, streamID); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM remote_stream_ids WHERE user_id = $1 AND stream_id < (
+		SELECT MIN(stream_id) FROM (
+			SELECT stream_id FROM remote_stream_ids WHERE user_id = $1 ORDER BY stream_id DESC LIMIT $2) newest)`,
+		userID, keptStreamIDs)
+	return err
+}
+
+// SharesRoomWithLocal reports whether some local user shares a room with
+// userID.
+func (s *Store) SharesRoomWithLocal(ctx context.Context, userID string) (bool, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
+	return n > 0, err
+}
+
+// ApplyRemoteDeviceUpdate applies one device-list update of a remote user
+// to the cache, in one transaction that also checks its prev_ids against
+// the stream_ids seen for the user. An update whose prev_ids are not all
+// known (or for a user without a cache) marks the user stale instead.
+func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDeviceUpdate) (storage.ApplyResult, error) {
+	var res storage.ApplyResult
+	serverName := u.UserID[strings.IndexByte(u.UserID, ':')+1:]
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		res = storage.ApplyResult{}
+		var current int64
+		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, u.UserID).Scan(&current)
+		if err == sql.ErrNoRows {
+			res.Outcome = storage.NeedResync
+			return markStale(ctx, tx, u.UserID, serverName, 0)
+		}
+		if err != nil {
+			return err
+		}
+		seen := map[int64]bool{current: true}
+		rows, err := tx.QueryContext(ctx, `SELECT stream_id FROM remote_stream_ids WHERE user_id = $1`, u.UserID)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			seen[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if seen[u.StreamID] || u.StreamID < current {
+			res.Outcome = storage.Duplicate // already applied, or older than the cache
+			return nil
+		}
+		for _, p := range u.PrevIDs {
+			if !seen[p] {
+				res.Outcome = storage.NeedResync
+				return markStale(ctx, tx, u.UserID, serverName, 0)
+			}
+		}
+
+		changed := false
+		var old storage.RemoteDevice
+		var name sql.NullString
+		err = tx.QueryRowContext(ctx, `SELECT key_json, display_name FROM remote_devices WHERE user_id = $1 AND device_id = $2`,
+			u.UserID, u.DeviceID).Scan(&old.KeyJSON, &name)
+		exists := err == nil
+		if err != nil && err != sql.ErrNoRows {
+			return err
+		}
+		if name.Valid {
+			old.DisplayName = &name.String
+		}
+		switch {
+		case u.Deleted:
+			if exists {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM remote_devices WHERE user_id = $1 AND device_id = $2`, u.UserID, u.DeviceID); err != nil {
+					return err
+				}
+				changed = true
+			}
+		case u.KeyJSON != nil:
+			nu := storage.RemoteDevice{DeviceID: u.DeviceID, DisplayName: u.DisplayName, KeyJSON: u.KeyJSON}
+			old.DeviceID = u.DeviceID
+			if !exists || !sameDevice(old, nu) {
+				if _, err := tx.ExecContext(ctx, `
+					INSERT INTO remote_devices (user_id, device_id, display_name, key_json) VALUES ($1, $2, $3, $4)
+					ON CONFLICT (user_id, device_id) DO UPDATE SET display_name = excluded.display_name, key_json = excluded.key_json`,
+					u.UserID, u.DeviceID, u.DisplayName, string(u.KeyJSON)); err != nil {
+					return err
+				}
+				changed = true
+			}
+		}
+		// A device without keys is of no use to clients: nothing to cache.
+		if _, err := tx.ExecContext(ctx, `UPDATE remote_device_lists SET stream_id = $1 WHERE user_id = $2`, u.StreamID, u.UserID); err != nil {
+			return err
+		}
+		if err := s.rememberStreamID(ctx, tx, u.UserID, u.StreamID); err != nil {
+			return err
+		}
+		res.Outcome = storage.Applied
+		if changed {
+			res.Pos, err = recordDeviceChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
+		}
 		return err
 	})
+	return res, err
 }

@@ -42,13 +42,17 @@ type Store struct {
 	db      *sql.DB
 	d       dialect
 	writeMu sync.Mutex
+	// serverName tells local users (whose changes go out over federation)
+	// from remote ones.
+	serverName string
 }
 
 var _ storage.Database = (*Store)(nil)
 
 // Open connects to the database named by uri (a PostgreSQL URL, or an SQLite
-// "file:" URI or path) and brings its schema up to date.
-func Open(ctx context.Context, uri string) (*Store, error) {
+// "file:" URI or path) and brings its schema up to date. serverName is the
+// name of the server whose users are local.
+func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	var (
 		db  *sql.DB
 		d   dialect
@@ -74,7 +78,7 @@ func Open(ctx context.Context, uri string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, d: d}
+	s := &Store{db: db, d: d, serverName: serverName}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -131,6 +135,55 @@ func recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, deviceID string
 		`INSERT INTO device_list_changes (pos, user_id, device_id, deleted) VALUES ($1, $2, $3, $4)`,
 		pos, userID, deviceID, deleted)
 	return pos, err
+}
+
+// recordLocalChange records a change of a local user's device list and
+// queues it for every remote server sharing a room with the user now, in
+// the caller's transaction: a change is never committed without its
+// delivery being due.
+func (s *Store) recordLocalChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+	pos, err := recordDeviceChange(ctx, tx, userID, deviceID, deleted)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := tx.QueryContext(ctx, `
+		SELECT DISTINCT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
+		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join' AND theirs.user_id NOT LIKE $2`,
+		userID, s.localPattern())
+	if err != nil {
+		return 0, err
+	}
+	dests := map[string]bool{}
+	for rows.Next() {
+		var other string
+		if err := rows.Scan(&other); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		if _, server, ok := strings.Cut(other, ":"); ok {
+			dests[server] = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for dest := range dests {
+		if _, err := tx.ExecContext(ctx, `
+			INSERT INTO outbound_device_updates (destination, user_id, device_id, stream_id) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (destination, user_id, device_id) DO UPDATE SET stream_id = excluded.stream_id`,
+			dest, userID, deviceID, pos); err != nil {
+			return 0, err
+		}
+	}
+	return pos, nil
+}
+
+// localPattern matches the user IDs of local users with LIKE. Server names
+// hold no LIKE wildcards; any that slipped in are removed rather than
+// allowed to widen the match.
+func (s *Store) localPattern() string {
+	return "%:" + strings.NewReplacer("%", "", "_", "").Replace(s.serverName)
 }
 
 // placeholders returns "$from, $from+1, ..." for n values.

@@ -14,7 +14,7 @@ import (
 
 func open(t *testing.T, db testutil.Database) *sqlstore.Store {
 	t.Helper()
-	s, err := sqlstore.Open(context.Background(), db.URI)
+	s, err := sqlstore.Open(context.Background(), db.URI, "x")
 	if err != nil {
 		t.Fatalf("open %s: %v", db.Name, err)
 	}
@@ -44,7 +44,7 @@ func TestMigrationsRunOnceAndRefuseNewerSchemas(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Close()
-		if _, err := sqlstore.Open(ctx, db.URI); !errors.Is(err, storage.ErrTooNew) {
+		if _, err := sqlstore.Open(ctx, db.URI, "x"); !errors.Is(err, storage.ErrTooNew) {
 			t.Fatalf("newer schema: %v", err)
 		}
 	})
@@ -60,7 +60,7 @@ func TestConcurrentOpenMigratesOnce(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := sqlstore.Open(context.Background(), db.URI)
+				s, err := sqlstore.Open(context.Background(), db.URI, "x")
 				if err == nil {
 					s.Close()
 				}
@@ -88,13 +88,13 @@ func TestStreamPositionsIncrease(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				pos, err := s.SetMembership(ctx, "!r:x", "@u"+strconv.Itoa(i)+":x", storage.MembershipJoin)
+				res, err := s.SetMembership(ctx, "!r:x", "@u"+strconv.Itoa(i)+":x", storage.MembershipJoin, 0)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				seen[pos] = true
+				seen[res.Pos] = true
 				mu.Unlock()
 			}()
 		}
@@ -112,8 +112,8 @@ func TestStreamPositionsIncrease(t *testing.T) {
 			}
 		}
 		// Setting the same membership again is no change.
-		if pos, err := s.SetMembership(ctx, "!r:x", "@u1:x", storage.MembershipJoin); err != nil || pos != 0 {
-			t.Fatalf("repeat join: %d %v", pos, err)
+		if res, err := s.SetMembership(ctx, "!r:x", "@u1:x", storage.MembershipJoin, 0); err != nil || res.Pos != 0 {
+			t.Fatalf("repeat join: %d %v", res.Pos, err)
 		}
 	})
 }

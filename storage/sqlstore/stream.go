@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -82,10 +83,16 @@ func (s *Store) userList(ctx context.Context, query string, params ...any) ([]st
 }
 
 // SetMembership records a user's membership of a room. Setting the
-// membership it already has changes nothing and returns position 0.
-func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string) (storage.StreamPos, error) {
-	var pos storage.StreamPos
+// membership it already has changes nothing. A join starts tracking the
+// remote users who now share a room with a local user and had no cached
+// list (they are marked stale, to be fetched); a leave stops tracking the
+// remote users who no longer share any room with a local user (their
+// cache is dropped: their server stops sending us their changes).
+func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (storage.MembershipResult, error) {
+	var res storage.MembershipResult
+	local := strings.HasSuffix(userID, ":"+s.serverName)
 	err := s.write(ctx, func(tx *sql.Tx) error {
+		res = storage.MembershipResult{}
 		var old string
 		err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
 			roomID, userID).Scan(&old)
@@ -95,14 +102,82 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 		if old == membership {
 			return nil
 		}
-		if pos, err = nextPos(ctx, tx); err != nil {
+		if res.Pos, err = nextPos(ctx, tx); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `
+		if _, err = tx.ExecContext(ctx, `
 			INSERT INTO memberships (room_id, user_id, membership, pos) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`,
-			roomID, userID, membership, pos)
-		return err
+			roomID, userID, membership, res.Pos); err != nil {
+			return err
+		}
+		// The remote users whose tracking this may change: the room's remote
+		// members when a local user moved, else the user who moved.
+		candidates := []string{userID}
+		if local {
+			if candidates, err = s.txUserList(ctx, tx, `SELECT user_id FROM memberships
+				WHERE room_id = $1 AND membership = 'join' AND user_id NOT LIKE $2`, roomID, s.localPattern()); err != nil {
+				return err
+			}
+		}
+		for _, u := range candidates {
+			shares, err := s.txSharesRoomWithLocal(ctx, tx, u)
+			if err != nil {
+				return err
+			}
+			if membership == storage.MembershipJoin && shares {
+				var tracked int
+				if err := tx.QueryRowContext(ctx, `SELECT
+					(SELECT COUNT(*) FROM remote_device_lists WHERE user_id = $1) + (SELECT COUNT(*) FROM stale_device_lists WHERE user_id = $1)`,
+					u).Scan(&tracked); err != nil {
+					return err
+				}
+				if tracked == 0 {
+					server := u[strings.IndexByte(u, ':')+1:]
+					if err := markStale(ctx, tx, u, server, now); err != nil {
+						return err
+					}
+					res.NewlyStale = append(res.NewlyStale, storage.StaleUser{UserID: u, ServerName: server})
+				}
+			}
+			if membership == storage.MembershipLeave && !shares {
+				for _, table := range []string{"remote_devices", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
+					if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id = $1`, u); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
 	})
-	return pos, err
+	return res, err
+}
+
+func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *sql.Tx, userID string) (bool, error) {
+	var n int
+	err := tx.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
+	return n > 0, err
+}
+
+// sharesRoomWithLocalQuery counts the rooms user $1 shares with users
+// matching the local pattern $2.
+const sharesRoomWithLocalQuery = `
+	SELECT COUNT(*) FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+	WHERE theirs.user_id = $1 AND theirs.membership = 'join' AND ours.membership = 'join' AND ours.user_id LIKE $2`
+
+func (s *Store) txUserList(ctx context.Context, tx *sql.Tx, query string, params ...any) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, query, params...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var u string
+		if err := rows.Scan(&u); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, rows.Err()
 }

@@ -1,0 +1,212 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// PendingDestinations lists the servers with updates waiting.
+func (s *Store) PendingDestinations(ctx context.Context) ([]string, error) {
+	return s.userList(ctx, `SELECT DISTINCT destination FROM outbound_device_updates`)
+}
+
+// PendingUpdates returns up to limit updates waiting for a destination,
+// oldest first, each with the device's current state and the prev_id that
+// keeps the destination's chain of the user's stream_ids unbroken: the
+// last stream_id delivered there, the previous update in this batch, or,
+// for a destination never sent this user's updates, the user's previous
+// change (which it knows only if it fetched the list since).
+func (s *Store) PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error) {
+	rows, err := s.db.QueryContext(ctx, `
+		SELECT o.user_id, o.device_id, o.stream_id, l.stream_id, d.user_id IS NULL, d.key_json, d.display_name
+		FROM outbound_device_updates o
+		LEFT JOIN outbound_last_sent l ON l.destination = o.destination AND l.user_id = o.user_id
+		LEFT JOIN devices d ON d.user_id = o.user_id AND d.device_id = o.device_id
+		WHERE o.destination = $1 ORDER BY o.stream_id LIMIT $2`, destination, limit)
+	if err != nil {
+		return nil, err
+	}
+	var out []storage.OutboundUpdate
+	var lastSent []sql.NullInt64
+	for rows.Next() {
+		var u storage.OutboundUpdate
+		var sent sql.NullInt64
+		var name sql.NullString
+		if err := rows.Scan(&u.UserID, &u.DeviceID, &u.StreamID, &sent, &u.Deleted, &u.KeyJSON, &name); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if name.Valid {
+			u.DisplayName = &name.String
+		}
+		out = append(out, u)
+		lastSent = append(lastSent, sent)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	prev := map[string]int64{}
+	for i := range out {
+		u := &out[i]
+		if p, ok := prev[u.UserID]; ok {
+			u.PrevID = p
+		} else if lastSent[i].Valid {
+			u.PrevID = lastSent[i].Int64
+		} else {
+			var p sql.NullInt64
+			if err := s.db.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1 AND pos < $2`,
+				u.UserID, u.StreamID).Scan(&p); err != nil {
+				return nil, err
+			}
+			u.PrevID = p.Int64
+		}
+		prev[u.UserID] = u.StreamID
+	}
+	return out, nil
+}
+
+// MarkUpdatesSent records a delivered batch: each update leaves the queue
+// unless a newer change of its device replaced it meanwhile, and the
+// destination's last delivered stream_id of each user moves on.
+func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		newest := map[string]int64{}
+		for _, u := range sent {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_device_updates
+				WHERE destination = $1 AND user_id = $2 AND device_id = $3 AND stream_id = $4`,
+				destination, u.UserID, u.DeviceID, u.StreamID); err != nil {
+				return err
+			}
+			newest[u.UserID] = max(newest[u.UserID], u.StreamID)
+		}
+		for user, id := range newest {
+			if _, err := tx.ExecContext(ctx, `
+				INSERT INTO outbound_last_sent (destination, user_id, stream_id) VALUES ($1, $2, $3)
+				ON CONFLICT (destination, user_id) DO UPDATE SET stream_id = excluded.stream_id`,
+				destination, user, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// AcquireDestination takes or renews the lease on sending to destination.
+func (s *Store) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error) {
+	var ok bool
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, `
+			INSERT INTO outbound_leases (destination, owner, expires_ts) VALUES ($1, $2, $3)
+			ON CONFLICT (destination) DO UPDATE SET owner = excluded.owner, expires_ts = excluded.expires_ts
+			WHERE outbound_leases.owner = excluded.owner OR outbound_leases.expires_ts < $4`,
+			destination, owner, expires, now)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		ok = n == 1
+		return err
+	})
+	return ok, err
+}
+
+// ReleaseDestination gives up a lease.
+func (s *Store) ReleaseDestination(ctx context.Context, destination, owner string) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM outbound_leases WHERE destination = $1 AND owner = $2`, destination, owner)
+		return err
+	})
+}
+
+// InboundTransaction returns the stored answer to a transaction.
+func (s *Store) InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error) {
+	var resp []byte
+	err := s.db.QueryRowContext(ctx, `SELECT response FROM inbound_transactions WHERE origin = $1 AND txn_id = $2`, origin, txnID).Scan(&resp)
+	if err == sql.ErrNoRows {
+		return nil, false, nil
+	}
+	return resp, err == nil, err
+}
+
+// transactionRetention is how long answers to transactions are kept for
+// retries: senders retry within minutes, not days.
+const transactionRetention = 24 * 60 * 60 * 1000
+
+// StoreInboundTransaction keeps a transaction's answer (the first one
+// stored wins) and drops those older than a day.
+func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO inbound_transactions (origin, txn_id, response, received_ts) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (origin, txn_id) DO NOTHING`, origin, txnID, string(response), now); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM inbound_transactions WHERE received_ts < $1`, now-transactionRetention)
+		return err
+	})
+}
+
+// DueStaleUsers returns stale users whose retry time has come, earliest first.
+func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) ([]storage.StaleUser, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT user_id, server_name, attempts, retry_at_ts FROM stale_device_lists
+		WHERE retry_at_ts <= $1 ORDER BY retry_at_ts, user_id LIMIT $2`, now, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storage.StaleUser
+	for rows.Next() {
+		var u storage.StaleUser
+		if err := rows.Scan(&u.UserID, &u.ServerName, &u.Attempts, &u.RetryAtTS); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
+// StaleEntry returns a user's stale mark, if any.
+func (s *Store) StaleEntry(ctx context.Context, userID string) (storage.StaleUser, bool, error) {
+	u := storage.StaleUser{UserID: userID}
+	err := s.db.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts FROM stale_device_lists WHERE user_id = $1`, userID).
+		Scan(&u.ServerName, &u.Attempts, &u.RetryAtTS)
+	if err == sql.ErrNoRows {
+		return u, false, nil
+	}
+	return u, err == nil, err
+}
+
+// NextStaleRetry returns the earliest retry time of any stale user.
+func (s *Store) NextStaleRetry(ctx context.Context) (int64, bool, error) {
+	var at sql.NullInt64
+	err := s.db.QueryRowContext(ctx, `SELECT MIN(retry_at_ts) FROM stale_device_lists`).Scan(&at)
+	return at.Int64, at.Valid, err
+}
+
+// RescheduleStale records a failed resync attempt and when to try again.
+func (s *Store) RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET attempts = $1, retry_at_ts = $2 WHERE user_id = $3`,
+			attempts, retryAt, userID)
+		return err
+	})
+}
+
+// DeferServer holds back a server's stale users until a time.
+func (s *Store) DeferServer(ctx context.Context, serverName string, until int64) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET retry_at_ts = $1 WHERE server_name = $2 AND retry_at_ts < $1`,
+			until, serverName)
+		return err
+	})
+}
+
+// RetryServerNow makes a server's stale users due at once.
+func (s *Store) RetryServerNow(ctx context.Context, serverName string) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET retry_at_ts = 0 WHERE server_name = $1 AND retry_at_ts > 0`, serverName)
+		return err
+	})
+}
