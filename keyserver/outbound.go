@@ -220,7 +220,12 @@ func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
 	}
 }
 
+// stop ends a worker at shutdown, giving up its lease so that the next
+// start (or another daemon) takes over at once rather than when it expires.
 func (s *Sender) stop(dest string, w *sendWorker) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = s.db.ReleaseDestination(ctx, dest, s.owner)
+	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.workers[dest] == w {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -66,6 +67,11 @@ func (n *Node) start(fedLn net.Listener) {
 	}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
+	if os.Getenv("KEYSERVER_TEST_LOG") != "" { // debug logs of every node, to stderr
+		log.SetOutput(os.Stderr)
+		log.SetLevel(logrus.DebugLevel)
+		log = log.WithField("node", n.Config.ServerName).Logger
+	}
 	d, err := daemon.Start(context.Background(), n.Config, log,
 		daemon.WithListeners(clientLn, fedLn), daemon.WithFederationMiddleware(n.Requests.middleware),
 		daemon.WithTuning(testTuning))

@@ -370,9 +370,10 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 			return err
 		}
 		res.Outcome = storage.Applied
-		if changed {
-			res.Pos, err = recordDeviceChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
+		if !changed {
+			return nil
 		}
+		res.Pos, err = recordDeviceChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
 		return err
 	})
 	return res, err

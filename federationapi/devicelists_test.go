@@ -1,0 +1,281 @@
+package federationapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/testutil"
+)
+
+// fakeRemote is a remote server (an Origin) with one user whose device
+// list the test controls: it answers /user/devices from it and sends
+// m.device_list_update EDUs about it.
+type fakeRemote struct {
+	*testutil.Origin
+	t       *testing.T
+	user    string
+	mu      sync.Mutex
+	devices map[string]*testutil.User // device ID -> device (with its key)
+	stream  int64
+	resyncs atomic.Int32
+	broken  atomic.Bool // /user/devices answers 500
+	txn     int
+}
+
+func newFakeRemote(t *testing.T, localpart string) *fakeRemote {
+	f := &fakeRemote{Origin: testutil.NewOrigin(t), t: t, devices: map[string]*testutil.User{}, stream: 5}
+	f.user = "@" + localpart + ":" + f.Name
+	f.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
+		f.resyncs.Add(1)
+		if f.broken.Load() {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		devices := []any{}
+		for id, d := range f.devices {
+			devices = append(devices, map[string]any{"device_id": id, "keys": d.DeviceKeys(t)})
+		}
+		writeJSON(w, map[string]any{"user_id": f.user, "stream_id": f.stream, "devices": devices})
+	})
+	return f
+}
+
+// addDevice adds a device and returns the EDU announcing it.
+func (f *fakeRemote) addDevice(id string) map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := newRemoteUser(f.t, f.Origin, "", id)
+	d.UserID = f.user
+	f.devices[id] = d.User
+	prev := f.stream
+	f.stream++
+	return map[string]any{"user_id": f.user, "device_id": id, "stream_id": f.stream, "prev_id": []int64{prev}, "keys": d.DeviceKeys(f.t)}
+}
+
+// deleteDevice deletes a device and returns the EDU announcing it.
+func (f *fakeRemote) deleteDevice(id string) map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.devices, id)
+	prev := f.stream
+	f.stream++
+	return map[string]any{"user_id": f.user, "device_id": id, "stream_id": f.stream, "prev_id": []int64{prev}, "deleted": true}
+}
+
+// send delivers EDUs to a node in one transaction and returns the answer.
+func (f *fakeRemote) send(n *testutil.Node, txnID string, edus ...map[string]any) testutil.Response {
+	f.t.Helper()
+	list := []any{}
+	for _, e := range edus {
+		list = append(list, map[string]any{"edu_type": "m.device_list_update", "content": e})
+	}
+	body := map[string]any{"origin": f.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": []any{}, "edus": list}
+	return testutil.SendTo(f.t, n, f.SignedRequest(f.t, "PUT", n.ServerName, "/_matrix/federation/v1/send/"+txnID, body, "", nil))
+}
+
+func (f *fakeRemote) nextTxn() string { f.txn++; return fmt.Sprintf("t%d", f.txn) }
+
+func deviceIDs(t *testing.T, n *testutil.Node, u *testutil.User, remoteUser string) map[string]bool {
+	t.Helper()
+	r := query(t, n, u, map[string][]string{remoteUser: {}}, 10000)
+	out := map[string]bool{}
+	for id := range devicesOf(t, r, remoteUser) {
+		out[id] = true
+	}
+	return out
+}
+
+func sameSet(got map[string]bool, want ...string) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for _, w := range want {
+		if !got[w] {
+			return false
+		}
+	}
+	return true
+}
+
+// eventually waits for a condition, with a deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An incoming update is visible to /keys/query as soon as /send returns; a
+// missed update (unknown prev_id) makes the receiver resync before
+// answering; deletions apply; retried transactions are processed once;
+// updates for users of other servers or users nobody shares a room with
+// are dropped.
+func TestIncomingUpdates(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, db, nil)
+		alice := a.Register(t, "alice", "")
+		carol := newFakeRemote(t, "carol")
+		carol.addDevice("PHONE")
+		a.Join(t, "!room:x", alice.UserID)
+		a.Join(t, "!room:x", carol.user) // starts tracking: a resync in the background
+		eventually(t, "the first resync", func() bool { return carol.resyncs.Load() == 1 })
+		eventually(t, "the cached list", func() bool { return sameSet(deviceIDs(t, a, alice, carol.user), "PHONE") })
+		if n := carol.resyncs.Load(); n != 1 {
+			t.Fatalf("%d resyncs", n)
+		}
+
+		// In sequence: applied, visible at once, no resync.
+		since := syncToken(t, a, alice)
+		r := carol.send(a, carol.nextTxn(), carol.addDevice("LAPTOP"))
+		if r.Status != 200 {
+			t.Fatalf("send: %d %s", r.Status, r.Raw)
+		}
+		if got := deviceIDs(t, a, alice, carol.user); !sameSet(got, "PHONE", "LAPTOP") {
+			t.Fatalf("after /send: %v", got)
+		}
+		if n := carol.resyncs.Load(); n != 1 {
+			t.Fatalf("an update in sequence caused a resync (%d)", n)
+		}
+		if changed := changedSince(t, a, alice, since); !changed[carol.user] {
+			t.Fatalf("carol not in alice's changes: %v", changed)
+		}
+
+		// A missed update: the next one names an unknown prev_id.
+		carol.addDevice("TABLET") // never sent
+		r = carol.send(a, carol.nextTxn(), carol.addDevice("WATCH"))
+		if r.Status != 200 {
+			t.Fatalf("send: %d %s", r.Status, r.Raw)
+		}
+		if got := deviceIDs(t, a, alice, carol.user); !sameSet(got, "PHONE", "LAPTOP", "TABLET", "WATCH") {
+			t.Fatalf("after a gap: %v", got)
+		}
+		if n := carol.resyncs.Load(); n != 2 {
+			t.Fatalf("%d resyncs after a gap, want 2", n)
+		}
+
+		// Deletion, and a retried transaction processed once.
+		txn := carol.nextTxn()
+		del := carol.deleteDevice("TABLET")
+		first := carol.send(a, txn, del)
+		tok := syncToken(t, a, alice)
+		again := carol.send(a, txn, del)
+		if first.Status != 200 || again.Status != 200 || string(first.Raw) != string(again.Raw) {
+			t.Fatalf("retry answered differently: %s / %s", first.Raw, again.Raw)
+		}
+		if syncToken(t, a, alice) != tok {
+			t.Fatal("a retried transaction was processed again")
+		}
+		if got := deviceIDs(t, a, alice, carol.user); !sameSet(got, "PHONE", "LAPTOP", "WATCH") {
+			t.Fatalf("after deletion: %v", got)
+		}
+
+		// Dropped: a user of another server, and a user nobody shares a room with.
+		stranger := newFakeRemote(t, "dave")
+		before := syncToken(t, a, alice)
+		impostor := map[string]any{"user_id": stranger.user, "device_id": "X", "stream_id": 99, "keys": map[string]any{}}
+		if r := carol.send(a, carol.nextTxn(), impostor); r.Status != 200 {
+			t.Fatalf("send: %d %s", r.Status, r.Raw)
+		}
+		if r := stranger.send(a, stranger.nextTxn(), stranger.addDevice("D1")); r.Status != 200 {
+			t.Fatalf("send: %d %s", r.Status, r.Raw)
+		}
+		if stranger.resyncs.Load() != 0 || syncToken(t, a, alice) != before {
+			t.Fatal("an update about an untracked user was acted on")
+		}
+	})
+}
+
+func syncToken(t *testing.T, n *testutil.Node, u *testutil.User) string {
+	t.Helper()
+	return n.Must(t, "GET", "/_matrix/client/v3/sync", u.Token, nil)["next_batch"].(string)
+}
+
+func changedSince(t *testing.T, n *testutil.Node, u *testutil.User, since string) map[string]bool {
+	t.Helper()
+	r := n.Must(t, "GET", "/_matrix/client/v3/keys/changes?from="+since+"&to="+syncToken(t, n, u), u.Token, nil)
+	out := map[string]bool{}
+	for _, c := range r["changed"].([]any) {
+		out[c.(string)] = true
+	}
+	return out
+}
+
+// /send answers within send_wait when the sender cannot be reached for a
+// resync; the user stays stale and the updater catches up later.
+func TestSendDoesNotHangOnFailedResync(t *testing.T) {
+	a := testutil.StartNode(t, testutil.SQLite(t), func(c *config.Config) { c.Federation.SendWait = config.Duration(time.Second) })
+	alice := a.Register(t, "alice", "")
+	carol := newFakeRemote(t, "carol")
+	carol.addDevice("PHONE")
+	a.Join(t, "!room:x", alice.UserID)
+	a.Join(t, "!room:x", carol.user)
+	eventually(t, "the cached list", func() bool { return sameSet(deviceIDs(t, a, alice, carol.user), "PHONE") })
+
+	carol.broken.Store(true)
+	carol.addDevice("MISSED")
+	start := time.Now()
+	r := carol.send(a, carol.nextTxn(), carol.addDevice("NEW"))
+	if r.Status != 200 {
+		t.Fatalf("send: %d %s", r.Status, r.Raw)
+	}
+	if elapsed := time.Since(start); elapsed > 15*time.Second {
+		t.Fatalf("/send took %v with send_wait 1s", elapsed)
+	}
+	if _, stale, _ := a.Store.StaleEntry(context.Background(), carol.user); !stale {
+		t.Fatal("user not left stale after a failed resync")
+	}
+	carol.broken.Store(false)
+	eventually(t, "the updater to catch up", func() bool {
+		_, stale, _ := a.Store.StaleEntry(context.Background(), carol.user)
+		return !stale
+	})
+	if got := deviceIDs(t, a, alice, carol.user); !sameSet(got, "PHONE", "MISSED", "NEW") {
+		t.Fatalf("after catching up: %v", got)
+	}
+}
+
+func TestSendTransactionLimits(t *testing.T) {
+	a := testutil.StartNode(t, testutil.SQLite(t), nil)
+	o := testutil.NewOrigin(t)
+	edus := []any{}
+	for i := 0; i < 101; i++ {
+		edus = append(edus, map[string]any{"edu_type": "m.typing", "content": map[string]any{}})
+	}
+	r := testutil.SendTo(t, a, o.SignedRequest(t, "PUT", a.ServerName, "/_matrix/federation/v1/send/big",
+		map[string]any{"origin": o.Name, "origin_server_ts": 1, "pdus": []any{}, "edus": edus}, "", nil))
+	if r.Status != 400 || r.Errcode() != "M_BAD_JSON" {
+		t.Fatalf("101 EDUs: %d %s", r.Status, r.Raw)
+	}
+	// PDUs are not processed and say so; unknown EDUs are ignored.
+	pdu := map[string]any{"event_id": "$abc", "type": "m.room.message", "room_id": "!r:x", "sender": "@u:" + o.Name, "content": map[string]any{}}
+	r = testutil.SendTo(t, a, o.SignedRequest(t, "PUT", a.ServerName, "/_matrix/federation/v1/send/mixed",
+		map[string]any{"origin": o.Name, "origin_server_ts": 1, "pdus": []any{pdu},
+			"edus": []any{map[string]any{"edu_type": "m.presence", "content": map[string]any{"push": []any{}}}}}, "", nil))
+	pdus, _ := r.Body["pdus"].(map[string]any)
+	if r.Status != 200 || pdus["$abc"] == nil {
+		t.Fatalf("mixed transaction: %d %s", r.Status, r.Raw)
+	}
+	raw, _ := json.Marshal(pdus["$abc"])
+	if string(raw) == "{}" {
+		t.Fatalf("PDU reported as processed: %s", raw)
+	}
+	// Unsigned /send is refused.
+	req := o.SignedRequest(t, "PUT", a.ServerName, "/_matrix/federation/v1/send/x", map[string]any{"origin": o.Name, "pdus": []any{}}, "", nil)
+	req.Header.Del("Authorization")
+	if r := testutil.SendTo(t, a, req); r.Status != 401 {
+		t.Fatalf("unsigned send: %d", r.Status)
+	}
+}
