@@ -47,7 +47,10 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 			writeJSON(w, map[string]any{"user_id": carol.UserID, "stream_id": 7, "devices": []any{
 				map[string]any{"device_id": "CAROLDEV", "keys": carolKeys},
 				map[string]any{"device_id": "FORGED", "keys": forged},
-				map[string]any{"device_id": "MALDEV", "keys": mallory.DeviceKeys(t)}, // another user's device
+			}})
+		case "@mixed:" + o.Name: // holds another user's device
+			writeJSON(w, map[string]any{"user_id": "@mixed:" + o.Name, "stream_id": 7, "devices": []any{
+				map[string]any{"device_id": "MALDEV", "keys": mallory.DeviceKeys(t)},
 			}})
 		case "@many:" + o.Name:
 			devices := make([]any, 1001)
@@ -72,7 +75,7 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 	if len(got) != 1 || got["CAROLDEV"] == nil || testutil.Canonical(t, got["CAROLDEV"]) != testutil.Canonical(t, carolKeys) {
 		t.Fatalf("expected only carol's signed device: %v", r)
 	}
-	for _, user := range []string{"@many:" + o.Name, "@someone:" + o.Name} {
+	for _, user := range []string{"@many:" + o.Name, "@someone:" + o.Name, "@mixed:" + o.Name} {
 		r := query(t, n, bob, map[string][]string{user: {}}, 5000)
 		if failuresOf(r)[o.Name] == nil || devicesOf(t, r, user) != nil {
 			t.Fatalf("%s: bad answer accepted: %v", user, r)

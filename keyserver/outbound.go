@@ -52,6 +52,8 @@ type SenderOptions struct {
 	Sweep  time.Duration
 	Clock  Clock
 	Logger logrus.FieldLogger
+	// Jitter draws a random duration in [0, n); math/rand by default.
+	Jitter func(n int64) int64
 }
 
 const (
@@ -95,6 +97,9 @@ func NewSender(db storage.Database, tr Transport, o SenderOptions) *Sender {
 	}
 	if o.Logger == nil {
 		o.Logger = logrus.StandardLogger()
+	}
+	if o.Jitter == nil {
+		o.Jitter = mrand.Int64N
 	}
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
@@ -263,7 +268,7 @@ func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log 
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		wait := backoff(attempt, s.o.MinRetry, s.o.MaxRetry, mrand.Int64N)
+		wait := backoff(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
 		var be *fedclient.BackoffError
 		if errors.As(err, &be) {
 			attempt-- // the client refused without trying: not an attempt

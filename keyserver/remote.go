@@ -171,9 +171,9 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 }
 
 // checkUserDevices turns a /user/devices answer into a list to cache. The
-// whole answer is refused when it is for another user or names more than
-// MaxRemoteDevices devices; single devices whose keys are malformed, belong
-// to someone else or are not signed by the device are left out.
+// whole answer is refused when it is for another user, holds another
+// user's device or names more than MaxRemoteDevices devices; single devices
+// whose keys are malformed or not signed by the device are left out.
 func (s *Service) checkUserDevices(server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
 	if resp.UserID != userID {
 		return nil, fmt.Errorf("%s answered for %q when asked for %q", server, resp.UserID, userID)
@@ -185,8 +185,12 @@ func (s *Service) checkUserDevices(server, userID string, resp fedclient.UserDev
 	seen := map[string]bool{}
 	for _, d := range resp.Devices {
 		dk, err := ParseDeviceKeys(d.Keys)
-		if err == nil && (dk.UserID != userID || dk.DeviceID != d.DeviceID) {
-			err = fmt.Errorf("keys are for %s %s", dk.UserID, dk.DeviceID)
+		if err == nil && dk.UserID != userID {
+			// Another user's device in the list: the answer cannot be trusted.
+			return nil, fmt.Errorf("%s lists a device of %s among %s's", server, dk.UserID, userID)
+		}
+		if err == nil && dk.DeviceID != d.DeviceID {
+			err = fmt.Errorf("keys are for device %s", dk.DeviceID)
 		}
 		if err == nil {
 			err = dk.VerifySelfSignature()

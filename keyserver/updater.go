@@ -159,7 +159,9 @@ func (u *Updater) Run(ctx context.Context) {
 			wait = min(wait, max(time.UnixMilli(at).Sub(u.o.Clock.Now()), 0))
 		}
 		if wait == 0 {
-			wait = 10 * time.Millisecond // due users all in flight: look again shortly
+			// The due users are all being worked on: a shard finishing one
+			// wakes this loop.
+			wait = time.Minute
 		}
 		select {
 		case <-ctx.Done():
@@ -230,6 +232,7 @@ func (u *Updater) shard(ctx context.Context, ch chan storage.StaleUser) {
 		case s := <-ch:
 			u.resyncOne(ctx, s)
 			u.done(s.UserID)
+			u.Wake()
 		}
 	}
 }

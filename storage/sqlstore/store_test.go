@@ -117,3 +117,32 @@ func TestStreamPositionsIncrease(t *testing.T) {
 		}
 	})
 }
+
+// A resync that returns what is cached is no change for clients; one that
+// differs is; an answer older than the cache does not replace it.
+func TestReplaceRemoteDeviceListOnlyChangesOnDifference(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		list := storage.RemoteDeviceList{UserID: "@bob:remote", StreamID: 3, Devices: []storage.RemoteDevice{{DeviceID: "D1", KeyJSON: []byte(`{"k":1}`)}}}
+		for i, want := range []bool{false, false} { // first sight, then the same again
+			pos, err := s.ReplaceRemoteDeviceList(ctx, list, "remote")
+			if err != nil || (pos > 0) != want {
+				t.Fatalf("replace %d: pos %d, %v", i, pos, err)
+			}
+		}
+		list.StreamID = 4
+		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: "D2", KeyJSON: []byte(`{"k":2}`)})
+		if pos, err := s.ReplaceRemoteDeviceList(ctx, list, "remote"); err != nil || pos == 0 {
+			t.Fatalf("a new device was no change: %d %v", pos, err)
+		}
+		old := storage.RemoteDeviceList{UserID: "@bob:remote", StreamID: 2}
+		if pos, err := s.ReplaceRemoteDeviceList(ctx, old, "remote"); err != nil || pos != 0 {
+			t.Fatalf("an older answer replaced the cache: %d %v", pos, err)
+		}
+		got, err := s.RemoteDeviceLists(ctx, []string{"@bob:remote"})
+		if err != nil || len(got["@bob:remote"].Devices) != 2 || got["@bob:remote"].StreamID != 4 {
+			t.Fatalf("cache %+v %v", got["@bob:remote"], err)
+		}
+	})
+}
