@@ -181,17 +181,7 @@ func syncAsync(t *testing.T, srv *testutil.Server, u *testutil.User, since strin
 	return ch
 }
 
-// waitFor waits for a condition, failing the test at a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+func waitFor(t *testing.T, what string, cond func() bool) { testutil.Eventually(t, what, cond) }
 
 func receive(t *testing.T, ch <-chan testutil.Response) testutil.Response {
 	t.Helper()

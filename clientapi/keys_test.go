@@ -12,8 +12,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/matrix-org/gomatrixserverlib"
-
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -23,24 +21,7 @@ const (
 	claimPath  = "/_matrix/client/v3/keys/claim"
 )
 
-// canonicalOf returns the canonical JSON of v (without "unsigned").
-func canonicalOf(t *testing.T, v any) string {
-	t.Helper()
-	raw, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) == nil {
-		delete(m, "unsigned")
-		raw, _ = json.Marshal(m)
-	}
-	c, err := gomatrixserverlib.CanonicalJSON(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(c)
-}
+func canonicalOf(t *testing.T, v any) string { return testutil.Canonical(t, v) }
 
 func queryKeys(t *testing.T, srv *testutil.Server, u *testutil.User, users map[string][]string) map[string]any {
 	t.Helper()

@@ -106,17 +106,7 @@ func sameSet(got map[string]bool, want ...string) bool {
 	return true
 }
 
-// eventually waits for a condition, with a deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+func eventually(t *testing.T, what string, cond func() bool) { testutil.Eventually(t, what, cond) }
 
 // An incoming update is visible to /keys/query as soon as /send returns; a
 // missed update (unknown prev_id) makes the receiver resync before

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/sirupsen/logrus"
@@ -274,4 +275,17 @@ func Canonical(t testing.TB, v any) string {
 		t.Fatal(err)
 	}
 	return string(c)
+}
+
+// Eventually waits for a condition, failing the test after 30 seconds. It
+// checks often; it is for work the test cannot be told about directly.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
