@@ -161,7 +161,7 @@ func pathVar(r *http.Request, name string) (string, error) {
 	if err != nil {
 		return "", mxerr.InvalidParam("bad percent-encoding in %s", name)
 	}
-	return v, nil
+	return v, httpx.CleanParam(name, v)
 }
 
 func remoteIP(r *http.Request) string {
@@ -201,6 +201,9 @@ func (a *API) available(r *http.Request) (any, error) {
 	u := r.URL.Query().Get("username")
 	if u == "" {
 		return nil, mxerr.MissingParam("username is required")
+	}
+	if err := httpx.CleanParam("username", u); err != nil {
+		return nil, err
 	}
 	if err := a.ks.Available(r.Context(), u); err != nil {
 		return nil, err

@@ -157,7 +157,7 @@ func (a *api) claimKeys(r request) (any, error) {
 
 func (a *api) send(r request) (any, error) {
 	txnID, err := url.PathUnescape(mux.Vars(r.Request)["txnId"])
-	if err != nil || txnID == "" {
+	if err != nil || txnID == "" || httpx.CleanParam("txnId", txnID) != nil {
 		return nil, mxerr.InvalidParam("bad transaction ID")
 	}
 	var shape struct{}
@@ -169,7 +169,7 @@ func (a *api) send(r request) (any, error) {
 
 func (a *api) userDevices(r request) (any, error) {
 	userID, err := url.PathUnescape(mux.Vars(r.Request)["userId"])
-	if err != nil {
+	if err != nil || httpx.CleanParam("userId", userID) != nil {
 		return nil, mxerr.InvalidParam("bad percent-encoding in the user ID")
 	}
 	return a.ks.FederationUserDevices(r.Context(), userID)

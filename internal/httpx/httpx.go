@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sirupsen/logrus"
 
@@ -70,11 +71,16 @@ func Decode(body []byte, v any, emptyOK bool) error {
 		}
 		return mxerr.NotJSON("request body is empty, expected a JSON object")
 	}
-	if !json.Valid(trimmed) {
-		return mxerr.NotJSON("request body is not valid JSON")
+	if !json.Valid(trimmed) || !utf8.Valid(trimmed) {
+		return mxerr.NotJSON("request body is not valid JSON in UTF-8")
 	}
 	if trimmed[0] != '{' {
 		return mxerr.BadJSON("request body must be a JSON object")
+	}
+	// No identifier, key or name has a NUL in it, and PostgreSQL cannot
+	// store one: refuse it here rather than fail later.
+	if bytes.Contains(trimmed, []byte(`\u0000`)) {
+		return mxerr.BadJSON("strings must not contain NUL characters")
 	}
 	if err := json.Unmarshal(trimmed, v); err != nil {
 		var te *json.UnmarshalTypeError
@@ -98,6 +104,15 @@ func jsonKind(goKind string) string {
 		return "boolean"
 	}
 	return goKind
+}
+
+// CleanParam checks a value taken from a path or query string: valid
+// UTF-8 without NUL, as everything stored must be.
+func CleanParam(name, v string) error {
+	if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+		return mxerr.InvalidParam("%s is not valid UTF-8 text", name)
+	}
+	return nil
 }
 
 // ReadJSON reads and decodes a capped JSON object body.

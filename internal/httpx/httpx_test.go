@@ -76,6 +76,8 @@ func TestDecode(t *testing.T) {
 		{`{"count":"x"}`, false, "M_BAD_JSON"},
 		{`{"count":1.5}`, false, "M_BAD_JSON"},
 		{`{"name":{}}`, false, "M_BAD_JSON"},
+		{"{\"name\":\"\xff\"}", false, "M_NOT_JSON"},
+		{`{"name":"a\u0000"}`, false, "M_BAD_JSON"},
 	} {
 		var v req
 		err := Decode([]byte(tc.body), &v, tc.emptyOK)
