@@ -83,6 +83,18 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/sync", a.authed(a.sync)).Methods(http.MethodGet)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
+	// Liveness: the process answers. Readiness: it can reach its database.
+	r.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/health/ready", func(w http.ResponseWriter, r *http.Request) {
+		if err := ks.Ready(r.Context()); err != nil {
+			httpx.Logger(r).WithError(err).Warn("not ready: the database does not answer")
+			httpx.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
+			return
+		}
+		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	}).Methods(http.MethodGet)
 	return httpx.Middleware(opts.Logger, "client", httpx.CORS(r))
 }
 

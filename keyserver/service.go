@@ -125,6 +125,13 @@ func (s *Service) Sender() *Sender { return s.sender }
 // Updater is the remote device-list updater (nil without federation).
 func (s *Service) Updater() *Updater { return s.updater }
 
+// Ready reports whether the server can serve: its database answers.
+func (s *Service) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return s.db.Ping(ctx)
+}
+
 // ServerName is the server's name.
 func (s *Service) ServerName() string { return s.opts.ServerName }
 

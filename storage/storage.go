@@ -285,6 +285,8 @@ type Database interface {
 	InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error)
 	StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error
 
+	// Ping checks that the database answers (readiness).
+	Ping(ctx context.Context) error
 	Close() error
 }
 

@@ -96,6 +96,9 @@ func (s *Store) Dialect() string { return s.d.name }
 // DB exposes the pool, for health checks and tests.
 func (s *Store) DB() *sql.DB { return s.db }
 
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
 // Close closes the pool.
 func (s *Store) Close() error { return s.db.Close() }
 
