@@ -274,6 +274,8 @@ type Database interface {
 	// Outbound device-list updates, queued per destination in the
 	// transaction of each local change.
 	PendingDestinations(ctx context.Context) ([]string, error)
+	// OutboundQueue counts the pending updates per destination.
+	OutboundQueue(ctx context.Context) (map[string]int, error)
 	PendingUpdates(ctx context.Context, destination string, limit int) ([]OutboundUpdate, error)
 	MarkUpdatesSent(ctx context.Context, destination string, sent []OutboundUpdate) error
 	// AcquireDestination takes (or renews) the right to send to a

@@ -63,54 +63,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_, err := stdout.Write(config.DefaultYAML())
 		return err
 	}
-	fs := flag.NewFlagSet("keyserver", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "read the configuration from this YAML `file` (see 'keyserver generate-config')")
-	values := map[string]string{}
-	defaults := config.Default()
-	for _, key := range config.Keys() {
-		f := &keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}
-		fs.Var(f, flagName(key), "sets configuration key "+key)
+	if len(args) > 0 && args[0] == "admin" {
+		return runAdmin(ctx, args[1:], stdout, stderr)
 	}
-	aliasNames := make([]string, 0, len(aliases))
-	for a := range aliases {
-		aliasNames = append(aliasNames, a)
-	}
-	sort.Strings(aliasNames)
-	for _, a := range aliasNames {
-		key := aliases[a]
-		fs.Var(&keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}, a, "same as --"+flagName(key))
-	}
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: keyserver [flags]\n       keyserver generate-config\n\nFlags (each overrides the configuration key it names):\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
+	cfg, rest, err := loadConfig(args, stderr, "keyserver [flags]\n       keyserver generate-config\n       keyserver admin COMMAND [flags] ARGS...")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (try --help)", fs.Arg(0))
-	}
-
-	cfg := config.Default()
-	if *configPath != "" {
-		var err error
-		if cfg, err = config.Load(*configPath); err != nil {
-			return err
-		}
-	}
-	keys := make([]string, 0, len(values))
-	for k := range values {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if err := cfg.Set(k, values[k]); err != nil {
-			return fmt.Errorf("--%s: %w", flagName(k), err)
-		}
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
+	if len(rest) > 0 {
+		return fmt.Errorf("unexpected argument %q (try --help)", rest[0])
 	}
 	log, err := daemon.NewLogger(cfg)
 	if err != nil {
@@ -131,6 +92,57 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return errors.Join(serveErr, d.Shutdown(shutdownCtx))
+}
+
+// loadConfig reads the configuration the way every command does: the file
+// named by --config, then the flags on top, then validation. It returns the
+// arguments left after the flags.
+func loadConfig(args []string, stderr io.Writer, usage string) (*config.Config, []string, error) {
+	fs := flag.NewFlagSet("keyserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "read the configuration from this YAML `file` (see 'keyserver generate-config')")
+	values := map[string]string{}
+	defaults := config.Default()
+	for _, key := range config.Keys() {
+		fs.Var(&keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}, flagName(key), "sets configuration key "+key)
+	}
+	aliasNames := make([]string, 0, len(aliases))
+	for a := range aliases {
+		aliasNames = append(aliasNames, a)
+	}
+	sort.Strings(aliasNames)
+	for _, a := range aliasNames {
+		key := aliases[a]
+		fs.Var(&keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}, a, "same as --"+flagName(key))
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\nFlags (each overrides the configuration key it names):\n", usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	cfg := config.Default()
+	if *configPath != "" {
+		var err error
+		if cfg, err = config.Load(*configPath); err != nil {
+			return nil, nil, err
+		}
+	}
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if err := cfg.Set(k, values[k]); err != nil {
+			return nil, nil, fmt.Errorf("--%s: %w", flagName(k), err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	return cfg, fs.Args(), nil
 }
 
 // isBoolKey reports whether a key holds a boolean, so its flag may be

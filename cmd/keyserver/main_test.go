@@ -106,3 +106,68 @@ func TestFlagsOverrideConfigFile(t *testing.T) {
 		t.Fatalf("no clean stop in the log:\n%s", logs.String())
 	}
 }
+
+func TestAdminCommands(t *testing.T) {
+	dir := t.TempDir()
+	common := []string{"--data-dir", dir, "--server-name", "example.test", "--client-api-bcrypt-cost", "4"}
+	admin := func(args ...string) (string, error) {
+		var out, errs bytes.Buffer
+		a := append([]string{"admin", args[0]}, common...)
+		err := run(context.Background(), append(a, args[1:]...), &out, &errs)
+		return out.String(), err
+	}
+	if out, err := admin("create-user", "Alice", "secret"); err != nil || !strings.Contains(out, "@alice:example.test") {
+		t.Fatalf("create-user: %q %v", out, err)
+	}
+	if _, err := admin("create-user", "alice", "again"); err == nil {
+		t.Fatal("created a user twice")
+	}
+	if out, err := admin("devices", "@alice:example.test"); err != nil || !strings.Contains(out, "DEVICE") {
+		t.Fatalf("devices: %q %v", out, err)
+	}
+	if _, err := admin("devices", "@nobody:example.test"); err == nil {
+		t.Fatal("listed devices of a user that does not exist")
+	}
+	if _, err := admin("mark-stale", "@bob:remote.test"); err != nil {
+		t.Fatalf("mark-stale: %v", err)
+	}
+	if _, err := admin("mark-stale", "@alice:example.test"); err == nil {
+		t.Fatal("marked a local user stale")
+	}
+	if out, err := admin("queue"); err != nil || !strings.Contains(out, "DESTINATION") {
+		t.Fatalf("queue: %q %v", out, err)
+	}
+	for _, bad := range [][]string{{"frobnicate"}, {"devices"}, {"create-user", "x"}} {
+		if _, err := admin(bad...); err == nil {
+			t.Errorf("admin %v accepted", bad)
+		}
+	}
+	// The user created from the command line can log in.
+	client := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() {
+		done <- run(ctx, append([]string{"--client-listen", client, "--federation-listen", freePort(t), "--registration", "closed"}, common...), &logs, &logs)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Post("http://"+client+"/_matrix/client/v3/login", "application/json",
+			strings.NewReader(`{"type":"m.login.password","identifier":{"type":"m.id.user","user":"alice"},"password":"secret"}`))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("login: %d", resp.StatusCode)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not listen: %v\n%s", err, logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

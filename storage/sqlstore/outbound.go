@@ -12,6 +12,25 @@ func (s *Store) PendingDestinations(ctx context.Context) ([]string, error) {
 	return s.userList(ctx, `SELECT DISTINCT destination FROM outbound_device_updates`)
 }
 
+// OutboundQueue counts the pending updates per destination.
+func (s *Store) OutboundQueue(ctx context.Context) (map[string]int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT destination, COUNT(*) FROM outbound_device_updates GROUP BY destination`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var d string
+		var n int
+		if err := rows.Scan(&d, &n); err != nil {
+			return nil, err
+		}
+		out[d] = n
+	}
+	return out, rows.Err()
+}
+
 // PendingUpdates returns up to limit updates waiting for a destination,
 // oldest first, each with the device's current state and the prev_id that
 // keeps the destination's chain of the user's stream_ids unbroken: the
