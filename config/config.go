@@ -58,6 +58,7 @@ type Config struct {
 	Log        LogConfig        `yaml:"log"`
 	ClientAPI  ClientAPIConfig  `yaml:"client_api"`
 	Federation FederationConfig `yaml:"federation"`
+	Metrics    MetricsConfig    `yaml:"metrics"`
 }
 
 // LogConfig is the "log" section.
@@ -111,6 +112,16 @@ type FederationConfig struct {
 	// rotation, published under old_verify_keys so that other servers can
 	// still check what they signed. Keyed by key ID ("ed25519:a_old").
 	OldVerifyKeys map[string]OldVerifyKey `yaml:"old_verify_keys"`
+}
+
+// MetricsConfig is the operators' listener: Prometheus metrics and, when
+// asked for, Go's profiler.
+type MetricsConfig struct {
+	// Listen is the host:port of the metrics listener; empty (the default)
+	// turns it off. Keep it off the public network.
+	Listen string `yaml:"listen"`
+	// PProf serves /debug/pprof/ on the metrics listener. Default false.
+	PProf bool `yaml:"pprof"`
 }
 
 // OldVerifyKey is a retired signing key's public half and when it stopped
@@ -337,6 +348,11 @@ func (c *Config) Validate() error {
 		}
 		if k.ExpiredTS <= 0 {
 			add("federation.old_verify_keys: %s: expired_ts must be a time in milliseconds", id)
+		}
+	}
+	if c.Metrics.Listen != "" {
+		if msg := checkListen("metrics.listen", c.Metrics.Listen); msg != "" {
+			add("%s", msg)
 		}
 	}
 	if c.Federation.SendWait <= 0 {

@@ -379,13 +379,14 @@ func TestKeys(t *testing.T) {
 		"federation.listen", "federation.tls_cert", "federation.tls_key",
 		"federation.tls_insecure_skip_verify", "federation.allow_device_names",
 		"federation.key_validity", "federation.send_wait",
+		"metrics.listen", "metrics.pprof",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 20 {
-		t.Errorf("Keys() has %d keys, want 20: %q", len(keys), keys)
+	if len(keys) != 22 {
+		t.Errorf("Keys() has %d keys, want 22: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.

@@ -23,6 +23,8 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/fclient"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/metrics"
 )
 
 // Options configure a Client.
@@ -171,6 +173,7 @@ func (c *Client) release(dest string, d *destination, err error) {
 	case err != nil && errors.Is(err, context.Canceled):
 		// The caller gave up: that says nothing about the server.
 	case err != nil && isServerFailure(err):
+		metrics.FederationFailure(dest)
 		d.failures++
 		wait := c.opts.MinBackoff << min(d.failures-1, 20)
 		var he *HTTPError

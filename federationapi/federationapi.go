@@ -22,6 +22,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/identity"
+	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/keyserver"
 )
@@ -76,6 +77,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.UseEncodedPath()
 	r.NotFoundHandler = httpx.NotFoundHandler()
 	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
+	r.Use(metrics.Middleware("federation"))
 	r.HandleFunc("/_matrix/key/v2/server", a.serverKeys).Methods(http.MethodGet)
 	r.HandleFunc("/_matrix/federation/v1/version", func(w http.ResponseWriter, req *http.Request) {
 		httpx.JSON(w, http.StatusOK, map[string]any{"server": map[string]string{"name": "keyserver", "version": Version}})

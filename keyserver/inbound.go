@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -46,6 +48,8 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 	if stored, ok, err := s.db.InboundTransaction(ctx, origin, txnID); err != nil || ok {
 		return stored, err
 	}
+	start := time.Now()
+	defer func() { metrics.SendWait.Observe(time.Since(start).Seconds()) }()
 	var t transaction
 	if err := json.Unmarshal(body, &t); err != nil {
 		return nil, mxerr.BadJSON("transaction has the wrong shape: %v", err)

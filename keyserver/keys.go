@@ -7,6 +7,7 @@ import (
 	"errors"
 	"sort"
 
+	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -135,6 +136,7 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 		return UploadResponse{}, err
 	}
 	s.localChange(res.Pos)
+	metrics.OneTimeKeysUploaded.Add(float64(res.Stored))
 	return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
 }
 
@@ -368,6 +370,11 @@ func (s *Service) claimLocal(ctx context.Context, reqs []storage.ClaimRequest) (
 	}
 	owners := make([]string, 0, len(claimed))
 	for _, k := range claimed {
+		kind := "one_time"
+		if k.Fallback {
+			kind = "fallback"
+		}
+		metrics.KeysClaimed.WithLabelValues(kind).Inc()
 		if len(owners) == 0 || owners[len(owners)-1] != k.UserID {
 			owners = append(owners, k.UserID)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -268,6 +269,7 @@ func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log 
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
+		metrics.OutboundFailures.Inc()
 		wait := backoff(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
 		var be *fedclient.BackoffError
 		if errors.As(err, &be) {

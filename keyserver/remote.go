@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -152,20 +153,25 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 	if s.fed == nil {
 		return nil, errNoFederation
 	}
+	metrics.Resyncs.WithLabelValues("started").Inc()
 	resp, err := s.fed.UserDevices(ctx, server, userID)
 	if err != nil {
+		metrics.Resyncs.WithLabelValues("failed").Inc()
 		return nil, err
 	}
 	list, err := s.checkUserDevices(server, userID, resp)
 	if err != nil {
+		metrics.Resyncs.WithLabelValues("failed").Inc()
 		s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "error": err.Error()}).
 			Warn("rejected a remote device list")
 		return nil, err
 	}
 	pos, err := s.db.ReplaceRemoteDeviceList(ctx, *list, server)
 	if err != nil {
+		metrics.Resyncs.WithLabelValues("failed").Inc()
 		return nil, err
 	}
+	metrics.Resyncs.WithLabelValues("succeeded").Inc()
 	s.streamAdvanced(pos)
 	return list, nil
 }

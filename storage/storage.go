@@ -98,6 +98,7 @@ type KeyWrite struct {
 type UploadResult struct {
 	Counts map[string]int // unclaimed one-time keys per algorithm
 	Pos    StreamPos      // device-list change position, 0 if none
+	Stored int            // one-time keys this upload stored
 }
 
 // ClaimRequest names one key to claim.
@@ -264,6 +265,7 @@ type Database interface {
 	// The device-list updater's queue: stale users with their retry state.
 	DueStaleUsers(ctx context.Context, now int64, limit int) ([]StaleUser, error)
 	StaleEntry(ctx context.Context, userID string) (StaleUser, bool, error)
+	StaleCount(ctx context.Context) (int, error)
 	NextStaleRetry(ctx context.Context) (at int64, ok bool, err error)
 	RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error
 	// DeferServer holds back every stale user of a server until a time;

@@ -10,10 +10,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/clientapi"
@@ -21,6 +25,7 @@ import (
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/identity"
+	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -37,9 +42,73 @@ type Daemon struct {
 	clientLn   net.Listener
 	fedLn      net.Listener
 	errc       chan error
+	metrics    *http.Server // nil when off
+	metricsLn  net.Listener
 	// the background workers (device-list sender and updater)
 	stopWorkers context.CancelFunc
 	workersDone chan struct{}
+}
+
+// startMetrics serves Prometheus metrics (and, when configured, pprof) on
+// the operators' listener.
+func (d *Daemon) startMetrics(cfg *config.Config) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewDBStatsCollector(d.store.DB(), d.store.Dialect()))
+	gauge := func(name, help string, read func(ctx context.Context) (float64, error)) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			v, err := read(ctx)
+			if err != nil {
+				return -1
+			}
+			return v
+		}))
+	}
+	gauge("keyserver_outbound_queue_depth", "Device-list updates waiting to be sent, all destinations.", func(ctx context.Context) (float64, error) {
+		q, err := d.store.OutboundQueue(ctx)
+		total := 0
+		for _, n := range q {
+			total += n
+		}
+		return float64(total), err
+	})
+	gauge("keyserver_outbound_destinations", "Destinations with device-list updates waiting.", func(ctx context.Context) (float64, error) {
+		q, err := d.store.OutboundQueue(ctx)
+		return float64(len(q)), err
+	})
+	gauge("keyserver_stale_device_lists", "Remote users whose device list waits for a resync.", func(ctx context.Context) (float64, error) {
+		n, err := d.store.StaleCount(ctx)
+		return float64(n), err
+	})
+	gauge("keyserver_sync_waiting", "Users with a /sync request waiting for news.", func(context.Context) (float64, error) {
+		return float64(d.ks.WaitingSyncs()), nil
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{metrics.Registry, reg}, promhttp.HandlerOpts{}))
+	if cfg.Metrics.PProf {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	ln, err := net.Listen("tcp", cfg.Metrics.Listen)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	d.metricsLn = ln
+	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second}
+	go func() { d.errc <- serve(d.metrics.Serve(ln)) }()
+	return nil
+}
+
+// MetricsAddr is the metrics listener's address ("" when off).
+func (d *Daemon) MetricsAddr() string {
+	if d.metricsLn == nil {
+		return ""
+	}
+	return d.metricsLn.Addr().String()
 }
 
 // serverAlive is told of each server that sent an authenticated request.
@@ -188,6 +257,15 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	workers, d.stopWorkers = context.WithCancel(context.Background())
 	d.workersDone = make(chan struct{})
 	go func() { defer close(d.workersDone); d.ks.Run(workers) }()
+	if cfg.Metrics.Listen != "" {
+		if err := d.startMetrics(cfg); err != nil {
+			d.stopWorkers()
+			d.clientLn.Close()
+			d.fedLn.Close()
+			store.Close()
+			return nil, err
+		}
+	}
 	go func() { d.errc <- serve(d.client.Serve(d.clientLn)) }()
 	go func() { d.errc <- serve(d.federation.ServeTLS(d.fedLn, "", "")) }()
 	log.WithFields(logrus.Fields{
@@ -237,6 +315,9 @@ func (d *Daemon) Errors() <-chan error { return d.errc }
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.ks.Close()
 	errs := []error{d.client.Shutdown(ctx), d.federation.Shutdown(ctx)}
+	if d.metrics != nil {
+		errs = append(errs, d.metrics.Shutdown(ctx))
+	}
 	// Then the workers: what they have not sent stays queued in the
 	// database for the next start.
 	d.stopWorkers()

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,4 +143,42 @@ func TestStartRejectsBadConfig(t *testing.T) {
 	if _, err := daemon.Start(context.Background(), cfg, quietLogger()); err == nil {
 		t.Fatal("started without a database")
 	}
+}
+
+// Metrics are served on their own listener, with request latencies under
+// route templates and the key counters.
+func TestMetrics(t *testing.T) {
+	cfg := testConfig(t, testutil.SQLite(t))
+	cfg.Metrics.Listen = "127.0.0.1:0"
+	cfg.Metrics.PProf = true
+	d, err := daemon.Start(context.Background(), cfg, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Shutdown(context.Background())
+	base := "http://" + d.ClientAddr() + "/_matrix/client/v3"
+	post(t, base+"/register", map[string]any{"username": "alice", "password": "pw", "auth": map[string]string{"type": "m.login.dummy"}})
+	get := func(url string) string {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", url, resp.StatusCode)
+		}
+		return string(body)
+	}
+	m := get("http://" + d.MetricsAddr() + "/metrics")
+	for _, want := range []string{
+		`keyserver_http_request_duration_seconds_count{api="client",endpoint="/_matrix/client/v3/register",method="POST",status="200"}`,
+		"keyserver_one_time_keys_uploaded_total", "keyserver_outbound_queue_depth 0", "keyserver_stale_device_lists 0",
+		"go_sql_open_connections", "process_resident_memory_bytes",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	get("http://" + d.MetricsAddr() + "/debug/pprof/")
 }

@@ -52,6 +52,7 @@ func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTime
 			}
 		}
 		res.Counts = state.Counts
+		res.Stored = len(w.OneTimeKeys)
 		for _, k := range w.OneTimeKeys {
 			res.Counts[k.Algorithm]++
 		}

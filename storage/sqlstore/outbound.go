@@ -197,6 +197,13 @@ func (s *Store) StaleEntry(ctx context.Context, userID string) (storage.StaleUse
 	return u, err == nil, err
 }
 
+// StaleCount counts the stale users.
+func (s *Store) StaleCount(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM stale_device_lists`).Scan(&n)
+	return n, err
+}
+
 // NextStaleRetry returns the earliest retry time of any stale user.
 func (s *Store) NextStaleRetry(ctx context.Context) (int64, bool, error) {
 	var at sql.NullInt64

@@ -1,0 +1,114 @@
+// Package metrics holds the server's Prometheus metrics. They are served
+// on a listener of their own (metrics.listen), off the public ports.
+// Label values are bounded: endpoints are route templates, destinations
+// are limited to the busiest few.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	// Registry holds every metric of the server.
+	Registry = prometheus.NewRegistry()
+
+	requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "keyserver_http_request_duration_seconds",
+		Help:    "HTTP requests by API, endpoint (route template), method and status, with their latency.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 30},
+	}, []string{"api", "endpoint", "method", "status"})
+
+	// OneTimeKeysUploaded counts one-time keys stored.
+	OneTimeKeysUploaded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "keyserver_one_time_keys_uploaded_total", Help: "One-time keys stored."})
+	// KeysClaimed counts keys handed out, by kind (one_time, fallback).
+	KeysClaimed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keyserver_keys_claimed_total", Help: "Keys handed out by claims, by kind."}, []string{"kind"})
+	// Resyncs counts remote device-list resyncs by result (started, succeeded, failed).
+	Resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keyserver_device_list_resyncs_total", Help: "Remote device-list resyncs, by result."}, []string{"result"})
+	// SendWait observes how long incoming /send transactions took.
+	SendWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "keyserver_federation_send_seconds", Help: "Time to process an incoming /send transaction.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)})
+	// OutboundFailures counts failed deliveries of device-list updates.
+	OutboundFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "keyserver_outbound_delivery_failures_total", Help: "Failed deliveries of device-list update transactions."})
+	// FederationFailures counts failed outbound federation requests by
+	// destination (the label is "other" once many destinations were seen).
+	FederationFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keyserver_federation_request_failures_total", Help: "Failed outbound federation requests by destination."},
+		[]string{"destination"})
+)
+
+func init() {
+	Registry.MustRegister(requests, OneTimeKeysUploaded, KeysClaimed, Resyncs, SendWait, OutboundFailures, FederationFailures,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+}
+
+// maxDestinationLabels bounds the destination label's values.
+const maxDestinationLabels = 50
+
+var (
+	destinationsMu   sync.Mutex
+	destinationsSeen = map[string]bool{}
+)
+
+// FederationFailure records a failed request to dest.
+func FederationFailure(dest string) {
+	destinationsMu.Lock()
+	defer destinationsMu.Unlock()
+	label := dest
+	if !destinationsSeen[dest] {
+		if len(destinationsSeen) >= maxDestinationLabels {
+			label = "other"
+		} else {
+			destinationsSeen[dest] = true
+		}
+	}
+	FederationFailures.WithLabelValues(label).Inc()
+}
+
+type recorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+// Middleware is a mux middleware observing each matched request under its
+// route template.
+func Middleware(api string) mux.MiddlewareFunc {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			endpoint := "unknown"
+			if route := mux.CurrentRoute(r); route != nil {
+				if t, err := route.GetPathTemplate(); err == nil {
+					endpoint = t
+				}
+			}
+			rec := &recorder{ResponseWriter: w}
+			start := time.Now()
+			next.ServeHTTP(rec, r)
+			requests.WithLabelValues(api, endpoint, r.Method, strconv.Itoa(rec.status)).Observe(time.Since(start).Seconds())
+		})
+	}
+}
