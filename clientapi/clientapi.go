@@ -18,6 +18,7 @@ import (
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
 )
 
@@ -26,7 +27,9 @@ type Options struct {
 	MaxRequestBytes int64
 	// AdminToken authenticates the admin API; empty disables it.
 	AdminToken string
-	Logger     logrus.FieldLogger
+	// RateLimit bounds each access token's requests; nil: no limit.
+	RateLimit *ratelimit.Limiter
+	Logger    logrus.FieldLogger
 }
 
 // API serves the client-server API.
@@ -126,12 +129,22 @@ func (a *API) public(h handler) http.Handler {
 }
 
 func (a *API) authed(h authedHandler) http.Handler {
-	return a.public(func(r *http.Request) (any, error) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := a.ks.Authenticate(r.Context(), accessToken(r))
 		if err != nil {
-			return nil, err
+			httpx.Error(w, r, err)
+			return
 		}
-		return h(r, c)
+		if ok, wait := a.opts.RateLimit.Allow(c.UserID + "|" + c.DeviceID); !ok {
+			httpx.LimitExceeded(w, r, wait)
+			return
+		}
+		body, err := h(r, c)
+		if err != nil {
+			httpx.Error(w, r, err)
+			return
+		}
+		httpx.JSON(w, http.StatusOK, body)
 	})
 }
 

@@ -85,6 +85,11 @@ type ClientAPIConfig struct {
 	// SyncMaxTimeout caps the /sync long-poll, whatever the client asks
 	// for. Default 60s.
 	SyncMaxTimeout Duration `yaml:"sync_max_timeout"`
+	// RateLimitPerSecond and RateLimitBurst bound the requests of each
+	// access token (a token bucket); 0 per second turns the limit off.
+	// Defaults 50 and 200.
+	RateLimitPerSecond int `yaml:"rate_limit_per_second"`
+	RateLimitBurst     int `yaml:"rate_limit_burst"`
 }
 
 // FederationConfig is the "federation" section: the server-server API.
@@ -112,6 +117,10 @@ type FederationConfig struct {
 	// rotation, published under old_verify_keys so that other servers can
 	// still check what they signed. Keyed by key ID ("ed25519:a_old").
 	OldVerifyKeys map[string]OldVerifyKey `yaml:"old_verify_keys"`
+	// RateLimitPerSecond and RateLimitBurst bound the requests of each
+	// remote server; 0 per second turns the limit off. Defaults 100 and 400.
+	RateLimitPerSecond int `yaml:"rate_limit_per_second"`
+	RateLimitBurst     int `yaml:"rate_limit_burst"`
 }
 
 // MetricsConfig is the operators' listener: Prometheus metrics and, when
@@ -205,12 +214,16 @@ func Default() *Config {
 			BcryptCost:              12,
 			MaxOneTimeKeysPerDevice: 500,
 			SyncMaxTimeout:          Duration(60 * time.Second),
+			RateLimitPerSecond:      50,
+			RateLimitBurst:          200,
 		},
 		Federation: FederationConfig{
-			Listen:        "127.0.0.1:8448",
-			KeyValidity:   Duration(24 * time.Hour),
-			SendWait:      Duration(10 * time.Second),
-			OldVerifyKeys: map[string]OldVerifyKey{},
+			Listen:             "127.0.0.1:8448",
+			KeyValidity:        Duration(24 * time.Hour),
+			SendWait:           Duration(10 * time.Second),
+			OldVerifyKeys:      map[string]OldVerifyKey{},
+			RateLimitPerSecond: 100,
+			RateLimitBurst:     400,
 		},
 	}
 }
@@ -348,6 +361,20 @@ func (c *Config) Validate() error {
 		}
 		if k.ExpiredTS <= 0 {
 			add("federation.old_verify_keys: %s: expired_ts must be a time in milliseconds", id)
+		}
+	}
+	for _, rl := range []struct {
+		key         string
+		rate, burst int
+	}{
+		{"client_api", c.ClientAPI.RateLimitPerSecond, c.ClientAPI.RateLimitBurst},
+		{"federation", c.Federation.RateLimitPerSecond, c.Federation.RateLimitBurst},
+	} {
+		if rl.rate < 0 {
+			add("%s.rate_limit_per_second must be 0 (off) or positive, not %d", rl.key, rl.rate)
+		}
+		if rl.rate > 0 && rl.burst < 1 {
+			add("%s.rate_limit_burst must be at least 1, not %d", rl.key, rl.burst)
 		}
 	}
 	if c.Metrics.Listen != "" {

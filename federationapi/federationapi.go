@@ -24,6 +24,7 @@ import (
 	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
 )
 
@@ -43,8 +44,10 @@ type Options struct {
 	// request: it is up, which ends any backoff towards it.
 	OnAuthenticated func(origin string)
 	MaxRequestBytes int64
-	Logger          logrus.FieldLogger
-	Now             func() time.Time
+	// RateLimit bounds each remote server's requests; nil: no limit.
+	RateLimit *ratelimit.Limiter
+	Logger    logrus.FieldLogger
+	Now       func() time.Time
 }
 
 // OldVerifyKey is a retired signing key.
@@ -128,6 +131,10 @@ func (a *api) authed(h handler) http.Handler {
 		}
 		origin := string(fr.Origin())
 		a.opts.OnAuthenticated(origin)
+		if ok, wait := a.opts.RateLimit.Allow(origin); !ok {
+			httpx.LimitExceeded(w, r, wait)
+			return
+		}
 		out, err := h(request{Request: r, origin: origin, content: fr.Content()})
 		if err != nil {
 			httpx.Error(w, r, err)

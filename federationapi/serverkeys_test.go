@@ -62,3 +62,23 @@ func TestServerKeys(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// Each remote server has its own token bucket.
+func TestRateLimitPerServer(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), func(c *config.Config) {
+		c.Federation.RateLimitPerSecond, c.Federation.RateLimitBurst = 1, 2
+	})
+	o := testutil.NewOrigin(t)
+	query := func() testutil.Response {
+		return testutil.SendTo(t, n, o.SignedRequest(t, "POST", n.ServerName, "/_matrix/federation/v1/user/keys/query",
+			map[string]any{"device_keys": map[string][]string{}}, "", nil))
+	}
+	for i := 0; i < 2; i++ {
+		if r := query(); r.Status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.Status, r.Raw)
+		}
+	}
+	if r := query(); r.Status != 429 || r.Errcode() != "M_LIMIT_EXCEEDED" {
+		t.Fatalf("over the limit: %d %s", r.Status, r.Raw)
+	}
+}

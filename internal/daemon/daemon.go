@@ -26,6 +26,7 @@ import (
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/internal/metrics"
+	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -218,6 +219,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			AdminToken:      cfg.AdminToken,
+			RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),
 			Logger:          log,
 		}),
 		ReadHeaderTimeout: 30 * time.Second,
@@ -231,6 +233,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyRing:         fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey()),
 			OnAuthenticated: d.serverAlive,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
+			RateLimit:       ratelimit.New(float64(cfg.Federation.RateLimitPerSecond), cfg.Federation.RateLimitBurst, nil),
 			Logger:          log,
 		}),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -43,6 +44,16 @@ func Error(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	Logger(r).WithError(err).Error("request failed")
 	JSON(w, http.StatusInternalServerError, map[string]any{"errcode": "M_UNKNOWN", "error": "internal server error"})
+}
+
+// LimitExceeded answers 429 M_LIMIT_EXCEEDED with the wait in both the
+// Retry-After header and the body's retry_after_ms.
+func LimitExceeded(w http.ResponseWriter, r *http.Request, wait time.Duration) {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	e := mxerr.New(http.StatusTooManyRequests, "M_LIMIT_EXCEEDED", "too many requests; retry in %d ms", wait.Milliseconds())
+	e.Extra = map[string]any{"retry_after_ms": wait.Milliseconds()}
+	Error(w, r, e)
 }
 
 // ReadBody reads a request body of at most limit bytes.

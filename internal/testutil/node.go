@@ -46,6 +46,8 @@ func StartNode(t testing.TB, db Database, adjust func(*config.Config)) *Node {
 	cfg.Federation.Listen = fedLn.Addr().String()
 	cfg.Federation.TLSInsecureSkipVerify = true // self-signed certificates on loopback
 	cfg.ClientAPI.Listen = "127.0.0.1:0"
+	// Tests poll for conditions faster than any client would.
+	cfg.ClientAPI.RateLimitPerSecond = 0
 	if adjust != nil {
 		adjust(cfg)
 	}

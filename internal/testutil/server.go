@@ -20,6 +20,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/clientapi"
+	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -33,6 +34,8 @@ type ServerOptions struct {
 	RegistrationClosed bool
 	MaxOneTimeKeys     int
 	MaxRequestBytes    int64
+	// A rate limit per access token (off when RateLimitPerSecond is 0).
+	RateLimitPerSecond, RateLimitBurst int
 }
 
 // Server is a client API on a loopback listener, backed by a real store.
@@ -62,7 +65,8 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		MaxOneTimeKeys:   o.MaxOneTimeKeys,
 		Logger:           log,
 	})
-	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log})
+	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
+		RateLimit: ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()
