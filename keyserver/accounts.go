@@ -172,7 +172,7 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 			return LoginResponse{}, err
 		}
 		s.localChange(res.Pos)
-		s.log.WithField("user_id", userID).Info("account registered")
+		s.logger(ctx).WithField("user_id", userID).Info("account registered")
 		out := LoginResponse{UserID: userID}
 		if login != nil {
 			out.AccessToken, out.DeviceID = token, login.DeviceID

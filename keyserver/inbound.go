@@ -57,7 +57,7 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 	if len(t.PDUs) > maxPDUsPerTransaction || len(t.EDUs) > maxEDUsInTransaction {
 		return nil, mxerr.BadJSON("a transaction carries at most %d PDUs and %d EDUs", maxPDUsPerTransaction, maxEDUsInTransaction)
 	}
-	log := s.log.WithFields(logrus.Fields{"origin": origin, "txn_id": txnID})
+	log := s.logger(ctx).WithFields(logrus.Fields{"origin": origin, "txn_id": txnID})
 	// A body origin that differs from the authenticated one is ignored.
 	resync := map[string]bool{}
 	for _, e := range t.EDUs {
@@ -97,7 +97,7 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 		Keys        json.RawMessage `json:"keys"`
 		DisplayName *string         `json:"device_display_name"`
 	}
-	log := s.log.WithField("origin", origin)
+	log := s.logger(ctx).WithField("origin", origin)
 	if err := json.Unmarshal(content, &c); err != nil || c.StreamID == nil || c.DeviceID == "" {
 		log.WithField("content", string(content)).Debug("dropped a malformed m.device_list_update")
 		return "", nil

@@ -159,10 +159,10 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 		metrics.Resyncs.WithLabelValues("failed").Inc()
 		return nil, err
 	}
-	list, err := s.checkUserDevices(server, userID, resp)
+	list, err := s.checkUserDevices(ctx, server, userID, resp)
 	if err != nil {
 		metrics.Resyncs.WithLabelValues("failed").Inc()
-		s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "error": err.Error()}).
+		s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "error": err.Error()}).
 			Warn("rejected a remote device list")
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 // whole answer is refused when it is for another user, holds another
 // user's device or names more than MaxRemoteDevices devices; single devices
 // whose keys are malformed or not signed by the device are left out.
-func (s *Service) checkUserDevices(server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
+func (s *Service) checkUserDevices(ctx context.Context, server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
 	if resp.UserID != userID {
 		return nil, fmt.Errorf("%s answered for %q when asked for %q", server, resp.UserID, userID)
 	}
@@ -205,7 +205,7 @@ func (s *Service) checkUserDevices(server, userID string, resp fedclient.UserDev
 			err = errors.New("listed twice")
 		}
 		if err != nil {
-			s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": d.DeviceID, "error": err.Error()}).
+			s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": d.DeviceID, "error": err.Error()}).
 				Warn("ignored a remote device with bad keys")
 			continue
 		}
@@ -265,7 +265,7 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 	}
 	lists, err := s.remoteDeviceLists(ctx, server, users)
 	if err != nil && lists == nil {
-		s.log.WithFields(logrus.Fields{"server": server, "error": err.Error()}).Warn("cannot check claimed keys: device keys unknown")
+		s.logger(ctx).WithFields(logrus.Fields{"server": server, "error": err.Error()}).Warn("cannot check claimed keys: device keys unknown")
 		return nil
 	}
 	out := map[string]map[string]map[string]json.RawMessage{}
@@ -290,7 +290,7 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 					continue
 				}
 				if _, err := checkOneTimeKey("one_time_keys", name, key, userID, deviceID, identity[deviceID]); err != nil || !isSignedAlgorithm(alg) {
-					s.log.WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": deviceID, "key": name}).
+					s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": deviceID, "key": name}).
 						Warn("dropped a claimed key without a valid device signature")
 					continue
 				}

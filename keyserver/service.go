@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -131,6 +132,10 @@ func (s *Service) Ready(ctx context.Context) error {
 	defer cancel()
 	return s.db.Ping(ctx)
 }
+
+// logger is the logger of the request ctx belongs to (with its request
+// ID), or the service's.
+func (s *Service) logger(ctx context.Context) logrus.FieldLogger { return reqlog.From(ctx, s.log) }
 
 // ServerName is the server's name.
 func (s *Service) ServerName() string { return s.opts.ServerName }

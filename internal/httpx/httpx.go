@@ -5,6 +5,8 @@ package httpx
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,12 +15,14 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/reqlog"
 )
 
 // JSON writes v as a JSON response.
@@ -184,14 +188,23 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 	return s.ResponseWriter.Write(b)
 }
 
-type loggerKey struct{}
+var requestCounter atomic.Uint64
+
+// requestID names a request: a per-process random prefix and a counter,
+// unique without coordination and cheap.
+func requestID() string {
+	return processPrefix + strconv.FormatUint(requestCounter.Add(1), 36)
+}
+
+var processPrefix = func() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b) + "-"
+}()
 
 // Logger returns the request's logger.
 func Logger(r *http.Request) logrus.FieldLogger {
-	if l, ok := r.Context().Value(loggerKey{}).(logrus.FieldLogger); ok {
-		return l
-	}
-	return logrus.StandardLogger()
+	return reqlog.From(r.Context(), logrus.StandardLogger())
 }
 
 // Middleware recovers panics (logged with the request, answered 500
@@ -201,8 +214,10 @@ func Logger(r *http.Request) logrus.FieldLogger {
 func Middleware(log logrus.FieldLogger, api string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rl := log.WithFields(logrus.Fields{"api": api, "method": r.Method, "path": r.URL.Path, "remote": r.RemoteAddr})
-		r = r.WithContext(contextWithLogger(r, rl))
+		id := requestID()
+		w.Header().Set("X-Request-Id", id)
+		rl := log.WithFields(logrus.Fields{"request_id": id, "api": api, "method": r.Method, "path": r.URL.Path, "remote": r.RemoteAddr})
+		r = r.WithContext(reqlog.With(r.Context(), rl))
 		rec := &statusRecorder{ResponseWriter: w}
 		defer func() {
 			if p := recover(); p != nil {

@@ -35,6 +35,9 @@ func TestMiddlewareRecoversPanics(t *testing.T) {
 	if !strings.Contains(logs.String(), "handler panicked") || !strings.Contains(logs.String(), "path=/x") {
 		t.Fatalf("panic not logged with the request: %s", logs.String())
 	}
+	if !strings.Contains(logs.String(), "request_id="+rec.Header().Get("X-Request-Id")) || rec.Header().Get("X-Request-Id") == "" {
+		t.Fatalf("no request ID on the log line: %s", logs.String())
+	}
 	if strings.Contains(logs.String(), "secret") {
 		t.Fatal("the access token was logged")
 	}
