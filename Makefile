@@ -1,20 +1,25 @@
 # make build  builds bin/keyserver
 # make run    builds and starts the daemon on the embedded SQLite default
 # make test   runs every test, on SQLite and on PostgreSQL
+# make bench  measures the daemon with keyserver-bench on SQLite and PostgreSQL
 GO       ?= go
 ARGS     ?=
 TESTARGS ?= -race -count=1 -timeout 15m
 
-.PHONY: build run test vet clean
+.PHONY: build run test bench vet clean
 
 build:
 	$(GO) build -o bin/keyserver ./cmd/keyserver
+	$(GO) build -o bin/keyserver-bench ./cmd/keyserver-bench
 
 run: build
 	./bin/keyserver $(ARGS)
 
 test: vet
 	scripts/with-postgres.sh $(GO) test $(TESTARGS) ./...
+
+bench: build
+	scripts/bench.sh $(BENCH_ARGS)
 
 vet:
 	$(GO) vet ./...

@@ -1,0 +1,416 @@
+// Command keyserver-bench runs a reproducible end-to-end-key workload
+// against any Matrix client API (this server's or another's) and reports
+// requests per second, latency percentiles and errors per phase.
+//
+// Set-up registers users with devices, uploads really signed device keys
+// and one-time keys. Then each phase runs for a fixed time with concurrent
+// clients: query (keys of random users), claim (one key of a random
+// device), upload (fresh one-time keys) and mixed (80/10/10). It checks
+// what it measures: no claimed key may be handed out twice, and a sample of
+// queried device keys must carry valid signatures.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/matrix-org/gomatrixserverlib"
+)
+
+type options struct {
+	url                         string
+	users, devices, otks        int
+	clients, queryUsers, upload int
+	duration                    time.Duration
+	phases                      string
+	seed                        uint64
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.url, "url", "http://127.0.0.1:8008", "client API base URL")
+	flag.IntVar(&o.users, "users", 200, "users to register")
+	flag.IntVar(&o.devices, "devices", 2, "devices per user")
+	flag.IntVar(&o.otks, "otks", 50, "one-time keys uploaded per device at set-up")
+	flag.IntVar(&o.clients, "clients", 16, "concurrent clients")
+	flag.IntVar(&o.queryUsers, "query-users", 20, "users named in each /keys/query")
+	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
+	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
+	flag.Parse()
+	if err := run(context.Background(), o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// device is a logged-in device with its signing key.
+type device struct {
+	userID, deviceID, token string
+	key                     ed25519.PrivateKey
+	nextKey                 atomic.Int64
+}
+
+type bench struct {
+	o       options
+	http    *http.Client
+	devices []*device
+	users   []string
+
+	claimedMu sync.Mutex
+	claimed   map[string]bool // every one-time key handed out
+	twice     atomic.Int64
+	verified  atomic.Int64
+	badSigs   atomic.Int64
+}
+
+func run(ctx context.Context, o options, out io.Writer) error {
+	b := &bench{o: o, claimed: map[string]bool{}, http: &http.Client{
+		Timeout:   30 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: o.clients * 2, MaxConnsPerHost: o.clients * 2},
+	}}
+	start := time.Now()
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "set-up: %d users, %d devices, %d one-time keys each, in %s\n",
+		o.users, len(b.devices), o.otks, time.Since(start).Round(time.Millisecond))
+	var results []phaseResult
+	for _, name := range strings.Split(o.phases, ",") {
+		op, ok := b.ops()[name]
+		if !ok {
+			return fmt.Errorf("unknown phase %q", name)
+		}
+		results = append(results, b.phase(ctx, name, op, out))
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\terrors\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t\n", r.name, r.requests, r.rate, r.p50, r.p90, r.p99, r.errors)
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "keys handed out twice: %d; device signatures checked: %d, bad: %d\n",
+		b.twice.Load(), b.verified.Load(), b.badSigs.Load())
+	if b.twice.Load() > 0 || b.badSigs.Load() > 0 {
+		return errors.New("the server handed out a key twice or served a bad signature")
+	}
+	return nil
+}
+
+// do sends a JSON request and decodes a 200 answer.
+func (b *bench) do(ctx context.Context, method, path, token string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		js, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(js)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(b.o.url, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := b.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	if out != nil {
+		return json.Unmarshal(raw, out)
+	}
+	return nil
+}
+
+func b64(p []byte) string { return base64.RawStdEncoding.EncodeToString(p) }
+
+func sign(obj map[string]any, d *device) map[string]any {
+	raw, _ := json.Marshal(obj)
+	signed, err := gomatrixserverlib.SignJSON(d.userID, gomatrixserverlib.KeyID("ed25519:"+d.deviceID), d.key, raw)
+	if err != nil {
+		panic(err) // a map of plain values always signs
+	}
+	var o map[string]any
+	_ = json.Unmarshal(signed, &o)
+	return o
+}
+
+func (d *device) oneTimeKeys(n int) map[string]any {
+	keys := map[string]any{}
+	for i := 0; i < n; i++ {
+		k := make([]byte, 32)
+		_, _ = rand.Read(k)
+		keys[fmt.Sprintf("signed_curve25519:B%08d", d.nextKey.Add(1))] = sign(map[string]any{"key": b64(k)}, d)
+	}
+	return keys
+}
+
+// setup registers the users and devices and uploads their keys, with the
+// same concurrency as the phases.
+func (b *bench) setup(ctx context.Context) error {
+	prefix := fmt.Sprintf("bench%d", time.Now().UnixNano()%1_000_000_000)
+	jobs := make(chan int)
+	errc := make(chan error, b.o.clients)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := 0; w < b.o.clients; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				devices, err := b.setupUser(ctx, fmt.Sprintf("%s_%d", prefix, i))
+				if err != nil {
+					errc <- err
+					return
+				}
+				mu.Lock()
+				b.devices = append(b.devices, devices...)
+				b.users = append(b.users, devices[0].userID)
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := 0; i < b.o.users; i++ {
+		select {
+		case jobs <- i:
+		case err := <-errc:
+			close(jobs)
+			wg.Wait()
+			return fmt.Errorf("set-up: %w", err)
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("set-up: %w", err)
+	default:
+	}
+	// A fixed order makes the random choices reproducible.
+	sort.Slice(b.devices, func(i, j int) bool {
+		return b.devices[i].userID+b.devices[i].deviceID < b.devices[j].userID+b.devices[j].deviceID
+	})
+	sort.Strings(b.users)
+	return nil
+}
+
+func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
+	var out []*device
+	password := "bench-" + name
+	for i := 0; i < b.o.devices; i++ {
+		var r struct {
+			UserID      string `json:"user_id"`
+			AccessToken string `json:"access_token"`
+			DeviceID    string `json:"device_id"`
+		}
+		var err error
+		if i == 0 {
+			err = b.do(ctx, "POST", "/_matrix/client/v3/register", "", map[string]any{
+				"username": name, "password": password, "auth": map[string]string{"type": "m.login.dummy"}}, &r)
+		} else {
+			err = b.do(ctx, "POST", "/_matrix/client/v3/login", "", map[string]any{"type": "m.login.password",
+				"identifier": map[string]string{"type": "m.id.user", "user": name}, "password": password}, &r)
+		}
+		if err != nil {
+			return nil, err
+		}
+		_, priv, _ := ed25519.GenerateKey(rand.Reader)
+		d := &device{userID: r.UserID, deviceID: r.DeviceID, token: r.AccessToken, key: priv}
+		curve := make([]byte, 32)
+		_, _ = rand.Read(curve)
+		keys := sign(map[string]any{
+			"user_id": d.userID, "device_id": d.deviceID,
+			"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
+			"keys": map[string]string{"curve25519:" + d.deviceID: b64(curve), "ed25519:" + d.deviceID: b64(priv.Public().(ed25519.PublicKey))},
+		}, d)
+		if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token,
+			map[string]any{"device_keys": keys, "one_time_keys": d.oneTimeKeys(b.o.otks)}, nil); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// op is one request of a phase, by a client with its random source.
+type op func(ctx context.Context, rng *mrand.Rand) error
+
+func (b *bench) ops() map[string]op {
+	m := map[string]op{"query": b.query, "claim": b.claim, "upload": b.uploadKeys}
+	m["mixed"] = func(ctx context.Context, rng *mrand.Rand) error {
+		switch n := rng.IntN(10); {
+		case n < 8:
+			return b.query(ctx, rng)
+		case n < 9:
+			return b.claim(ctx, rng)
+		default:
+			return b.uploadKeys(ctx, rng)
+		}
+	}
+	return m
+}
+
+func (b *bench) query(ctx context.Context, rng *mrand.Rand) error {
+	d := b.devices[rng.IntN(len(b.devices))]
+	users := map[string][]string{}
+	for len(users) < min(b.o.queryUsers, len(b.users)) {
+		users[b.users[rng.IntN(len(b.users))]] = []string{}
+	}
+	var r struct {
+		DeviceKeys map[string]map[string]json.RawMessage `json:"device_keys"`
+	}
+	if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/query", d.token, map[string]any{"device_keys": users}, &r); err != nil {
+		return err
+	}
+	if rng.IntN(50) == 0 { // a sample: check every signature of this answer
+		for u, devices := range r.DeviceKeys {
+			for id, raw := range devices {
+				b.verified.Add(1)
+				if !validSelfSignature(u, id, raw) {
+					b.badSigs.Add(1)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func validSelfSignature(userID, deviceID string, raw json.RawMessage) bool {
+	var k struct {
+		Keys map[string]string `json:"keys"`
+	}
+	if json.Unmarshal(raw, &k) != nil {
+		return false
+	}
+	pub, err := base64.RawStdEncoding.DecodeString(k.Keys["ed25519:"+deviceID])
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		return false
+	}
+	return gomatrixserverlib.VerifyJSON(userID, gomatrixserverlib.KeyID("ed25519:"+deviceID), pub, raw) == nil
+}
+
+func (b *bench) claim(ctx context.Context, rng *mrand.Rand) error {
+	claimer := b.devices[rng.IntN(len(b.devices))]
+	target := b.devices[rng.IntN(len(b.devices))]
+	var r struct {
+		OneTimeKeys map[string]map[string]map[string]json.RawMessage `json:"one_time_keys"`
+	}
+	if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/claim", claimer.token, map[string]any{
+		"one_time_keys": map[string]any{target.userID: map[string]string{target.deviceID: "signed_curve25519"}}}, &r); err != nil {
+		return err
+	}
+	for id := range r.OneTimeKeys[target.userID][target.deviceID] {
+		k := target.userID + "|" + target.deviceID + "|" + id
+		b.claimedMu.Lock()
+		if b.claimed[k] {
+			b.twice.Add(1)
+		}
+		b.claimed[k] = true
+		b.claimedMu.Unlock()
+	}
+	return nil
+}
+
+func (b *bench) uploadKeys(ctx context.Context, rng *mrand.Rand) error {
+	d := b.devices[rng.IntN(len(b.devices))]
+	return b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, map[string]any{"one_time_keys": d.oneTimeKeys(b.o.upload)}, nil)
+}
+
+type phaseResult struct {
+	name             string
+	requests, errors int
+	rate             float64
+	p50, p90, p99    float64 // milliseconds
+}
+
+// phase runs op from every client for the phase's duration, printing a
+// progress line each second.
+func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) phaseResult {
+	ctx, cancel := context.WithTimeout(ctx, b.o.duration)
+	defer cancel()
+	var done, failed atomic.Int64
+	lat := make([][]time.Duration, b.o.clients)
+	firstErr := atomic.Value{}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := 0; c < b.o.clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(b.o.seed, uint64(c)+uint64(len(name))<<32))
+			for ctx.Err() == nil {
+				t := time.Now()
+				err := op(ctx, rng)
+				if ctx.Err() != nil {
+					return // cut off by the end of the phase: not counted
+				}
+				lat[c] = append(lat[c], time.Since(t))
+				done.Add(1)
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				el := time.Since(start).Seconds()
+				fmt.Fprintf(out, "  %-6s %4.0fs  %7d requests  %7.0f req/s  %d errors\n", name, el, done.Load(), float64(done.Load())/el, failed.Load())
+			}
+		}
+	}()
+	wg.Wait()
+	elapsed := time.Since(start)
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) / 1000
+	}
+	if e, ok := firstErr.Load().(string); ok {
+		fmt.Fprintf(out, "  %s: first error: %s\n", name, e)
+	}
+	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), rate: float64(len(all)) / elapsed.Seconds(),
+		p50: pct(0.50), p90: pct(0.90), p99: pct(0.99)}
+}
