@@ -250,7 +250,7 @@ func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
 		keys := sign(map[string]any{
 			"user_id": d.userID, "device_id": d.deviceID,
 			"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
-			"keys": map[string]string{"curve25519:" + d.deviceID: b64(curve), "ed25519:" + d.deviceID: b64(priv.Public().(ed25519.PublicKey))},
+			"keys":       map[string]string{"curve25519:" + d.deviceID: b64(curve), "ed25519:" + d.deviceID: b64(priv.Public().(ed25519.PublicKey))},
 		}, d)
 		if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token,
 			map[string]any{"device_keys": keys, "one_time_keys": d.oneTimeKeys(b.o.otks)}, nil); err != nil {
