@@ -25,9 +25,21 @@ import (
 	"github.com/keyserver/keyserver/internal/reqlog"
 )
 
+// Appender is a response that encodes itself, for hot paths whose bodies
+// are mostly JSON the server stored itself and need not re-validate.
+type Appender interface {
+	AppendJSON(b []byte) ([]byte, error)
+}
+
 // JSON writes v as a JSON response.
 func JSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
+	var body []byte
+	var err error
+	if a, ok := v.(Appender); ok {
+		body, err = a.AppendJSON(make([]byte, 0, 4096))
+	} else {
+		body, err = json.Marshal(v)
+	}
 	if err != nil {
 		status = http.StatusInternalServerError
 		body = []byte(`{"errcode":"M_UNKNOWN","error":"internal server error"}`)
