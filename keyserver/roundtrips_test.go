@@ -77,7 +77,7 @@ func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 func TestQueryResponseAppendJSON(t *testing.T) {
 	r := QueryResponse{
 		DeviceKeys: map[string]map[string]json.RawMessage{
-			"@a:x": {"D1": json.RawMessage(`{"device_id":"D1","keys":{"ed25519:D1":"é\"<>"}}`), "D2": json.RawMessage(`{}`)},
+			"@a:x":    {"D1": json.RawMessage(`{"device_id":"D1","keys":{"ed25519:D1":"é\"<>"}}`), "D2": json.RawMessage(`{}`)},
 			"@b\"q:x": {},
 		},
 		Failures:        map[string]any{"y": map[string]any{"status": 503, "message": "down"}},
