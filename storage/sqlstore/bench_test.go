@@ -1,0 +1,126 @@
+package sqlstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/sqlstore"
+)
+
+// Benchmarks of the storage hot paths, on both databases:
+//
+//	go test ./storage/sqlstore -run '^$' -bench . (with KEYSERVER_TEST_POSTGRES for PostgreSQL)
+
+func forEachDatabaseB(b *testing.B, f func(b *testing.B, s *sqlstore.Store)) {
+	for _, name := range []string{"sqlite3", "postgres"} {
+		b.Run(name, func(b *testing.B) {
+			db := testutil.SQLite(b)
+			if name == "postgres" {
+				db = testutil.Postgres(b)
+			}
+			s, err := sqlstore.Open(context.Background(), db.URI, "bench.test")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			f(b, s)
+		})
+	}
+}
+
+// seed makes users with devices that have keys and one-time keys.
+func seed(b *testing.B, s *sqlstore.Store, users, devices, otks int) []string {
+	ctx := context.Background()
+	var ids []string
+	for u := 0; u < users; u++ {
+		user := fmt.Sprintf("@u%d:bench.test", u)
+		ids = append(ids, user)
+		if _, err := s.CreateAccount(ctx, user, "x", nil); err != nil {
+			b.Fatal(err)
+		}
+		for d := 0; d < devices; d++ {
+			dev := fmt.Sprintf("D%d", d)
+			if _, err := s.Login(ctx, storage.NewLogin{UserID: user, DeviceID: dev, TokenHash: user + dev}); err != nil {
+				b.Fatal(err)
+			}
+			var keys []storage.Key
+			for k := 0; k < otks; k++ {
+				keys = append(keys, storage.Key{Algorithm: "signed_curve25519", KeyID: fmt.Sprintf("K%d", k), JSON: []byte(`{"key":"x"}`)})
+			}
+			if _, err := s.UploadKeys(ctx, user, dev, nil, func(storage.KeyState) (storage.KeyWrite, error) {
+				return storage.KeyWrite{DeviceKeys: []byte(`{"device_id":"` + dev + `"}`), OneTimeKeys: keys}, nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return ids
+}
+
+func BenchmarkDevicesWithKeys20Users(b *testing.B) {
+	forEachDatabaseB(b, func(b *testing.B, s *sqlstore.Store) {
+		users := seed(b, s, 40, 2, 0)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if _, err := s.DevicesWithKeys(context.Background(), users[i%20:i%20+20]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkTokenOwner(b *testing.B) {
+	forEachDatabaseB(b, func(b *testing.B, s *sqlstore.Store) {
+		users := seed(b, s, 10, 1, 0)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if _, _, err := s.TokenOwner(context.Background(), users[i%10]+"D0"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkClaimKeys(b *testing.B) {
+	forEachDatabaseB(b, func(b *testing.B, s *sqlstore.Store) {
+		users := seed(b, s, 20, 1, 500)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			req := []storage.ClaimRequest{{UserID: users[i%20], DeviceID: "D0", Algorithm: "signed_curve25519"}}
+			if _, err := s.ClaimKeys(context.Background(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkUploadFiveKeys(b *testing.B) {
+	forEachDatabaseB(b, func(b *testing.B, s *sqlstore.Store) {
+		users := seed(b, s, 1, 1, 0)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			var keys []storage.Key
+			ids := make([]string, 5)
+			for k := 0; k < 5; k++ {
+				keys = append(keys, storage.Key{Algorithm: "signed_curve25519", KeyID: fmt.Sprintf("N%d_%d", i, k), JSON: []byte(`{"key":"x"}`)})
+				ids[k] = keys[k].FullID()
+			}
+			if _, err := s.UploadKeys(context.Background(), users[0], "D0", ids, func(storage.KeyState) (storage.KeyWrite, error) {
+				return storage.KeyWrite{OneTimeKeys: keys}, nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+			if i%90 == 89 { // stay below any cap a caller would apply
+				if _, _, err := s.DeleteDevices(context.Background(), users[0], []string{"D0"}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Login(context.Background(), storage.NewLogin{UserID: users[0], DeviceID: "D0", TokenHash: fmt.Sprint(i)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+}
