@@ -181,21 +181,24 @@ func CORS(next http.Handler) http.Handler {
 	})
 }
 
-type statusRecorder struct {
+// StatusRecorder remembers the status a handler answered with.
+type StatusRecorder struct {
 	http.ResponseWriter
-	status int
+	Status int // 0 until the handler writes
 }
 
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
+// WriteHeader records the status.
+func (s *StatusRecorder) WriteHeader(code int) {
+	if s.Status == 0 {
+		s.Status = code
 	}
 	s.ResponseWriter.WriteHeader(code)
 }
 
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
+// Write records an implicit 200.
+func (s *StatusRecorder) Write(b []byte) (int, error) {
+	if s.Status == 0 {
+		s.Status = http.StatusOK
 	}
 	return s.ResponseWriter.Write(b)
 }
@@ -230,18 +233,18 @@ func Middleware(log logrus.FieldLogger, api string, next http.Handler) http.Hand
 		w.Header().Set("X-Request-Id", id)
 		rl := log.WithFields(logrus.Fields{"request_id": id, "api": api, "method": r.Method, "path": r.URL.Path, "remote": r.RemoteAddr})
 		r = r.WithContext(reqlog.With(r.Context(), rl))
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &StatusRecorder{ResponseWriter: w}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
 					panic(p)
 				}
 				rl.WithField("panic", fmt.Sprint(p)).WithField("stack", string(debug.Stack())).Error("handler panicked")
-				if rec.status == 0 {
+				if rec.Status == 0 {
 					JSON(rec, http.StatusInternalServerError, map[string]any{"errcode": "M_UNKNOWN", "error": "internal server error"})
 				}
 			}
-			rl.WithFields(logrus.Fields{"status": rec.status, "duration_ms": time.Since(start).Milliseconds()}).Debug("request")
+			rl.WithFields(logrus.Fields{"status": rec.Status, "duration_ms": time.Since(start).Milliseconds()}).Debug("request")
 		}()
 		next.ServeHTTP(rec, r)
 	})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keyserver/keyserver/internal/httpx"
 )
 
 var (
@@ -75,25 +77,6 @@ func FederationFailure(dest string) {
 	FederationFailures.WithLabelValues(label).Inc()
 }
 
-type recorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.ResponseWriter.Write(b)
-}
-
 // Middleware is a mux middleware observing each matched request under its
 // route template.
 func Middleware(api string) mux.MiddlewareFunc {
@@ -105,10 +88,10 @@ func Middleware(api string) mux.MiddlewareFunc {
 					endpoint = t
 				}
 			}
-			rec := &recorder{ResponseWriter: w}
+			rec := &httpx.StatusRecorder{ResponseWriter: w}
 			start := time.Now()
 			next.ServeHTTP(rec, r)
-			requests.WithLabelValues(api, endpoint, r.Method, strconv.Itoa(rec.status)).Observe(time.Since(start).Seconds())
+			requests.WithLabelValues(api, endpoint, r.Method, strconv.Itoa(rec.Status)).Observe(time.Since(start).Seconds())
 		})
 	}
 }
