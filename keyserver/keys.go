@@ -69,22 +69,81 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 	for _, k := range otks {
 		ids = append(ids, k.Name)
 	}
+	// Signatures are checked before the write transaction, against the
+	// device keys read just before it; the transaction then only confirms
+	// those keys are still the stored ones (retrying if a concurrent upload
+	// changed them), so the expensive part never holds the writer.
+	for attempt := 0; ; attempt++ {
+		res, err := s.uploadOnce(ctx, c, dk, otks, fallbacks, ids)
+		if errors.Is(err, errDeviceKeysMoved) && attempt < 3 {
+			continue
+		}
+		if errors.Is(err, storage.ErrNotFound) {
+			return UploadResponse{}, mxerr.UnknownToken("the device of this access token no longer exists")
+		}
+		if err != nil {
+			return UploadResponse{}, err
+		}
+		s.localChange(res.Pos)
+		metrics.OneTimeKeysUploaded.Add(float64(res.Stored))
+		return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
+	}
+}
+
+// errDeviceKeysMoved says the device's keys changed between the checks
+// and the write: the upload is checked again.
+var errDeviceKeysMoved = errors.New("device keys changed during the upload")
+
+type checkedKey struct {
+	keyUpload
+	json []byte
+}
+
+func (s *Service) uploadOnce(ctx context.Context, c Caller, dk *DeviceKeys, otks, fallbacks []keyUpload, ids []string) (storage.UploadResult, error) {
+	dev, err := s.db.Device(ctx, c.UserID, c.DeviceID)
+	if err != nil {
+		return storage.UploadResult{}, err
+	}
+	ed25519Key := ""
+	if dev.KeyJSON != nil {
+		stored, err := ParseDeviceKeys(dev.KeyJSON)
+		if err != nil {
+			return storage.UploadResult{}, err
+		}
+		ed25519Key = stored.Ed25519()
+		if dk != nil && (dk.Ed25519() != stored.Ed25519() || dk.Curve25519() != stored.Curve25519()) {
+			return storage.UploadResult{}, mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID)
+		}
+	}
+	if dk != nil {
+		ed25519Key = dk.Ed25519()
+	}
+	check := func(field string, keys []keyUpload) ([]checkedKey, error) {
+		out := make([]checkedKey, 0, len(keys))
+		for _, k := range keys {
+			js, err := checkOneTimeKey(field, k.Name, k.Value, c.UserID, c.DeviceID, ed25519Key)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, checkedKey{k, js})
+		}
+		return out, nil
+	}
+	checkedOTKs, err := check("one_time_keys", otks)
+	if err != nil {
+		return storage.UploadResult{}, err
+	}
+	checkedFallbacks, err := check("fallback_keys", fallbacks)
+	if err != nil {
+		return storage.UploadResult{}, err
+	}
 
 	decide := func(st storage.KeyState) (storage.KeyWrite, error) {
 		var w storage.KeyWrite
-		ed25519Key := ""
-		if st.DeviceKeys != nil {
-			stored, err := ParseDeviceKeys(st.DeviceKeys)
-			if err != nil {
-				return w, err
-			}
-			ed25519Key = stored.Ed25519()
-			if dk != nil && (dk.Ed25519() != stored.Ed25519() || dk.Curve25519() != stored.Curve25519()) {
-				return w, mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID)
-			}
+		if !bytes.Equal(st.DeviceKeys, dev.KeyJSON) {
+			return w, errDeviceKeysMoved
 		}
 		if dk != nil {
-			ed25519Key = dk.Ed25519()
 			w.DeviceKeys = dk.Canonical // the store skips the write when equal
 		}
 		inRequest := map[string][]byte{}
@@ -92,52 +151,35 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 		for _, n := range st.Counts {
 			total += n
 		}
-		for _, k := range otks {
-			js, err := checkOneTimeKey("one_time_keys", k.Name, k.Value, c.UserID, c.DeviceID, ed25519Key)
-			if err != nil {
-				return w, err
-			}
+		for _, k := range checkedOTKs {
 			if old, ok := st.ExistingOneTimeKeys[k.Name]; ok {
-				if !bytes.Equal(old, js) {
+				if !bytes.Equal(old, k.json) {
 					return w, mxerr.InvalidParam("one-time key %s already exists with other content", k.Name)
 				}
 				continue // identical re-upload: already stored
 			}
 			if old, ok := inRequest[k.Name]; ok {
-				if !bytes.Equal(old, js) {
+				if !bytes.Equal(old, k.json) {
 					return w, mxerr.InvalidParam("one-time key %s is listed twice with other content", k.Name)
 				}
 				continue
 			}
-			inRequest[k.Name] = js
-			w.OneTimeKeys = append(w.OneTimeKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: js})
+			inRequest[k.Name] = k.json
+			w.OneTimeKeys = append(w.OneTimeKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: k.json})
 		}
 		if total+len(w.OneTimeKeys) > s.opts.MaxOneTimeKeys {
 			return w, mxerr.InvalidParam("a device may hold at most %d unclaimed one-time keys; it has %d and the upload adds %d",
 				s.opts.MaxOneTimeKeys, total, len(w.OneTimeKeys))
 		}
-		for _, k := range fallbacks {
-			js, err := checkOneTimeKey("fallback_keys", k.Name, k.Value, c.UserID, c.DeviceID, ed25519Key)
-			if err != nil {
-				return w, err
-			}
-			if old, ok := st.Fallback[k.alg]; ok && old.KeyID == k.id && bytes.Equal(old.JSON, js) {
+		for _, k := range checkedFallbacks {
+			if old, ok := st.Fallback[k.alg]; ok && old.KeyID == k.id && bytes.Equal(old.JSON, k.json) {
 				continue // the same key again keeps its used flag
 			}
-			w.FallbackKeys = append(w.FallbackKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: js})
+			w.FallbackKeys = append(w.FallbackKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: k.json})
 		}
 		return w, nil
 	}
-	res, err := s.db.UploadKeys(ctx, c.UserID, c.DeviceID, ids, decide)
-	if errors.Is(err, storage.ErrNotFound) {
-		return UploadResponse{}, mxerr.UnknownToken("the device of this access token no longer exists")
-	}
-	if err != nil {
-		return UploadResponse{}, err
-	}
-	s.localChange(res.Pos)
-	metrics.OneTimeKeysUploaded.Add(float64(res.Stored))
-	return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
+	return s.db.UploadKeys(ctx, c.UserID, c.DeviceID, ids, decide)
 }
 
 func splitKeys(field string, raw json.RawMessage) ([]keyUpload, error) {
