@@ -26,6 +26,13 @@ bench_one() { # name database-uri
 BENCH_ARGS=("$@")
 status=0
 if [ "${1:-}" != "--postgres-only" ]; then
+  # The ceiling: the same workload against fixed answers, no database.
+  port=$((20000 + RANDOM % 20000))
+  bin/keyserver-bench -serve-fixed "127.0.0.1:$port" & fixed=$!
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "== ceiling (fixed answers, no database)"
+  bin/keyserver-bench -url "http://127.0.0.1:$port" "${BENCH_ARGS[@]}" || true
+  kill "$fixed"; wait "$fixed" 2>/dev/null || true
   bench_one sqlite "file:/tmp/keyserver-bench-$$.db"
   rm -f /tmp/keyserver-bench-$$.db*
 else

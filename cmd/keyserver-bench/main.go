@@ -55,7 +55,16 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
 	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
+	fixed := flag.String("serve-fixed", "", "instead of measuring, serve fixed answers without a database on this `address`: "+
+		"measuring that server gives the ceiling set by the tool itself on this machine")
 	flag.Parse()
+	if *fixed != "" {
+		if err := serveFixed(*fixed); err != nil {
+			fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background(), o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
 		os.Exit(1)
@@ -420,4 +429,30 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) ph
 	}
 	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), rate: float64(len(all)) / elapsed.Seconds(),
 		p50: pct(0.50), p90: pct(0.90), p99: pct(0.99)}
+}
+
+// serveFixed answers the workload's requests with fixed bodies and no
+// work: the ceiling any server can reach with this tool on this machine.
+func serveFixed(addr string) error {
+	var n atomic.Int64
+	answer := func(body string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, body)
+		}
+	}
+	mux := http.NewServeMux()
+	login := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"user_id":"@u%[1]d:fixed","access_token":"t%[1]d","device_id":"D%[1]d"}`, n.Add(1))
+	}
+	mux.HandleFunc("POST /_matrix/client/v3/register", login)
+	mux.HandleFunc("POST /_matrix/client/v3/login", login)
+	mux.HandleFunc("POST /_matrix/client/v3/keys/upload", answer(`{"one_time_key_counts":{"signed_curve25519":50}}`))
+	mux.HandleFunc("POST /_matrix/client/v3/keys/query", answer(`{"device_keys":{},"failures":{}}`))
+	mux.HandleFunc("POST /_matrix/client/v3/keys/claim", answer(`{"one_time_keys":{},"failures":{}}`))
+	mux.HandleFunc("GET /health", answer(`{"status":"ok"}`))
+	return http.ListenAndServe(addr, mux)
 }
