@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -334,4 +335,54 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 		t.Fatalf("EDU %s lacks %s", got, want)
 	}
 	waitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
+}
+
+// Of two daemons on one database, the one holding a destination's lease
+// sends; the other's worker stands down instead of spinning.
+func TestSenderLeaseHeldElsewhere(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db := openStore(t, "local.test")
+	alice := "@alice:local.test"
+	if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{alice, "@bob:remote.test"} {
+		if _, err := db.SetMembership(ctx, "!r:x", u, storage.MembershipJoin, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: "D1", TokenHash: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	now := clk.Now().UnixMilli()
+	if ok, err := db.AcquireDestination(ctx, "remote.test", "other-daemon", now, now+60_000); err != nil || !ok {
+		t.Fatalf("lease: %v %v", ok, err)
+	}
+	tr := &recordingTransport{}
+	counted := &leaseCounter{Database: db}
+	sender := NewSender(counted, tr, SenderOptions{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: quiet()})
+	go sender.Run(ctx)
+	waitUntil(t, "the worker to try and stand down", func() bool { return counted.calls.Load() >= 1 && sender.Busy() == 0 })
+	if n := counted.calls.Load(); n != 1 {
+		t.Fatalf("%d lease attempts: the worker kept trying", n)
+	}
+	if a, _ := tr.counts(); a != 0 {
+		t.Fatal("sent without the lease")
+	}
+	// Once the other daemon's lease has expired, the next sweep sends.
+	clk.Advance(2 * time.Hour)
+	waitUntil(t, "delivery after the lease expired", func() bool { _, d := tr.counts(); return d == 1 })
+}
+
+// leaseCounter counts lease attempts.
+type leaseCounter struct {
+	storage.Database
+	calls atomic.Int32
+}
+
+func (l *leaseCounter) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (bool, error) {
+	l.calls.Add(1)
+	return l.Database.AcquireDestination(ctx, dest, owner, now, expires)
 }

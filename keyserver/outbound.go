@@ -196,6 +196,15 @@ func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
 			s.stop(dest, w)
 			return
 		}
+		if errors.Is(err, errLeaseHeld) {
+			// Another daemon sends to dest; its worker carries on.
+			s.mu.Lock()
+			if s.workers[dest] == w {
+				delete(s.workers, dest)
+			}
+			s.mu.Unlock()
+			return
+		}
 		if err != nil {
 			log.WithError(err).Error("outbound device-list queue")
 			select { // database trouble: try again shortly
@@ -239,12 +248,16 @@ func (s *Sender) stop(dest string, w *sendWorker) {
 	}
 }
 
+// errLeaseHeld says another daemon holds the destination's lease.
+var errLeaseHeld = errors.New("another daemon sends to this destination")
+
 // sendBatch delivers one batch, retrying until it is delivered or ctx ends.
-// more reports whether updates remain; a lease held elsewhere ends the
-// work here (more false, no error).
+// more reports whether updates remain.
 func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log logrus.FieldLogger) (more bool, err error) {
-	if ok, err := s.renew(ctx, dest); err != nil || !ok {
+	if ok, err := s.renew(ctx, dest); err != nil {
 		return false, err
+	} else if !ok {
+		return false, errLeaseHeld
 	}
 	batch, err := s.db.PendingUpdates(ctx, dest, maxEDUsPerTransaction)
 	if err != nil || len(batch) == 0 {
