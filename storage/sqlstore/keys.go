@@ -75,60 +75,42 @@ func (s *Store) keyState(ctx context.Context, tx *sql.Tx, userID, deviceID strin
 	}
 	st.DeviceKeys = keys
 
-	rows, err := tx.QueryContext(ctx, `SELECT algorithm, COUNT(*) FROM one_time_keys
-		WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm`, userID, deviceID)
-	if err != nil {
-		return st, err
-	}
-	for rows.Next() {
-		var alg string
-		var n int
-		if err := rows.Scan(&alg, &n); err != nil {
-			rows.Close()
-			return st, err
-		}
-		st.Counts[alg] = n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return st, err
-	}
-
+	// The rest in one round trip: unclaimed counts, the named one-time keys
+	// already stored, and the fallback keys.
+	query := `
+		SELECT 'count', algorithm, '', '', COUNT(*) FROM one_time_keys
+		WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm
+		UNION ALL
+		SELECT 'fallback', algorithm, key_id, key_json, CASE WHEN used THEN 1 ELSE 0 END FROM fallback_keys
+		WHERE user_id = $1 AND device_id = $2`
 	if len(otkIDs) > 0 {
-		// Match on the concatenated full ID so one IN list serves every
+		// Matching on the concatenated full ID lets one IN list serve every
 		// algorithm; the unique index still bounds the scan to this device.
-		rows, err := tx.QueryContext(ctx, `SELECT algorithm, key_id, key_json FROM one_time_keys
-			WHERE user_id = $1 AND device_id = $2 AND algorithm || ':' || key_id IN (`+placeholders(3, len(otkIDs))+`)`,
-			args([]any{userID, deviceID}, otkIDs)...)
-		if err != nil {
-			return st, err
-		}
-		for rows.Next() {
-			var k storage.Key
-			if err := rows.Scan(&k.Algorithm, &k.KeyID, &k.JSON); err != nil {
-				rows.Close()
-				return st, err
-			}
-			st.ExistingOneTimeKeys[k.FullID()] = k.JSON
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return st, err
-		}
+		query += `
+		UNION ALL
+		SELECT 'existing', algorithm, key_id, key_json, 0 FROM one_time_keys
+		WHERE user_id = $1 AND device_id = $2 AND algorithm || ':' || key_id IN (` + placeholders(3, len(otkIDs)) + `)`
 	}
-
-	rows, err = tx.QueryContext(ctx, `SELECT algorithm, key_id, key_json, used FROM fallback_keys
-		WHERE user_id = $1 AND device_id = $2`, userID, deviceID)
+	rows, err := tx.QueryContext(ctx, query, args([]any{userID, deviceID}, otkIDs)...)
 	if err != nil {
 		return st, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var f storage.FallbackKey
-		if err := rows.Scan(&f.Algorithm, &f.KeyID, &f.JSON, &f.Used); err != nil {
+		var kind string
+		var k storage.Key
+		var n int
+		if err := rows.Scan(&kind, &k.Algorithm, &k.KeyID, &k.JSON, &n); err != nil {
 			return st, err
 		}
-		st.Fallback[f.Algorithm] = f
+		switch kind {
+		case "count":
+			st.Counts[k.Algorithm] = n
+		case "fallback":
+			st.Fallback[k.Algorithm] = storage.FallbackKey{Key: k, Used: n == 1}
+		case "existing":
+			st.ExistingOneTimeKeys[k.FullID()] = k.JSON
+		}
 	}
 	return st, rows.Err()
 }
