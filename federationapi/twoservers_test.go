@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -210,5 +211,33 @@ func TestSharedDatabaseSeesSendAtOnce(t *testing.T) {
 		if got := deviceIDs(t, a2, alice, carol.user); !sameSet(got, want...) {
 			t.Fatalf("iteration %d: the other daemon sees %v, want %v", i, got, want)
 		}
+	}
+}
+
+// A /sync waiting on one daemon wakes for a change made through another
+// daemon sharing the PostgreSQL database.
+func TestSharedDatabaseWakesSync(t *testing.T) {
+	db := testutil.Postgres(t)
+	a1 := testutil.StartNode(t, db, nil)
+	a2 := testutil.StartNode(t, db, func(c *config.Config) { c.ServerName = a1.ServerName })
+	alice := a1.Register(t, "alice", "")
+	bob := a1.Register(t, "bob", "")
+	a1.Join(t, "!room:x", alice.UserID)
+	a1.Join(t, "!room:x", bob.UserID)
+	since := syncToken(t, a2, alice)
+	done := make(chan testutil.Response, 1)
+	go func() {
+		done <- a2.Do(t, "GET", "/_matrix/client/v3/sync?timeout=20000&since="+since, alice.Token, nil)
+	}()
+	eventually(t, "the sync to wait", func() bool { return a2.Service.WaitingSyncs() == 1 })
+	a1.Upload(t, bob, map[string]any{"device_keys": bob.DeviceKeys(t)})
+	select {
+	case r := <-done:
+		changed, _ := r.Body["device_lists"].(map[string]any)["changed"].([]any)
+		if r.Status != 200 || len(changed) != 1 || changed[0] != bob.UserID {
+			t.Fatalf("sync: %d %s", r.Status, r.Raw)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the sync on the other daemon was not woken")
 	}
 }

@@ -99,11 +99,26 @@ func New(db storage.Database, opts Options) *Service {
 // Run runs the background workers (outbound device-list updates and the
 // updater of remote lists) until ctx ends.
 func (s *Service) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Changes made by other daemons sharing the database wake this
+		// one's waiting /sync requests.
+		for ctx.Err() == nil {
+			if err := s.db.WatchStream(ctx, s.notifier.StreamAdvanced); err != nil && ctx.Err() == nil {
+				s.log.WithError(err).Warn("cannot watch the database for other daemons' changes; retrying")
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+				}
+			}
+		}
+	}()
 	if s.fed == nil {
-		<-ctx.Done()
+		wg.Wait()
 		return
 	}
-	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); s.sender.Run(ctx) }()
 	go func() { defer wg.Done(); s.updater.Run(ctx) }()

@@ -289,6 +289,9 @@ type Database interface {
 	InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error)
 	StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error
 
+	// WatchStream calls advanced whenever the stream advances, also by
+	// other daemons sharing the database, until ctx ends.
+	WatchStream(ctx context.Context, advanced func()) error
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error
 	Close() error

@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/lib/pq"
 )
@@ -32,6 +33,12 @@ func Open(uri string) (*sql.DB, error) {
 	db.SetMaxOpenConns(32)
 	db.SetMaxIdleConns(32)
 	return db, nil
+}
+
+// NewListener opens a connection that receives notifications, reconnecting
+// by itself when it drops.
+func NewListener(uri string) *pq.Listener {
+	return pq.NewListener(uri, time.Second, time.Minute, nil)
 }
 
 // IsUniqueViolation reports whether err is a unique constraint failure.

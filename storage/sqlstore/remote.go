@@ -224,12 +224,12 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 			return nil
 		}
 		for _, id := range changed {
-			if pos, err = recordDeviceChange(ctx, tx, list.UserID, id, false); err != nil {
+			if pos, err = s.recordDeviceChange(ctx, tx, list.UserID, id, false); err != nil {
 				return err
 			}
 		}
 		for _, id := range gone {
-			if pos, err = recordDeviceChange(ctx, tx, list.UserID, id, true); err != nil {
+			if pos, err = s.recordDeviceChange(ctx, tx, list.UserID, id, true); err != nil {
 				return err
 			}
 		}
@@ -373,7 +373,7 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 		if !changed {
 			return nil
 		}
-		res.Pos, err = recordDeviceChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
+		res.Pos, err = s.recordDeviceChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
 		return err
 	})
 	return res, err

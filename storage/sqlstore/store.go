@@ -45,6 +45,7 @@ type Store struct {
 	// serverName tells local users (whose changes go out over federation)
 	// from remote ones.
 	serverName string
+	uri        string
 }
 
 var _ storage.Database = (*Store)(nil)
@@ -78,7 +79,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, d: d, serverName: serverName}
+	s := &Store{db: db, d: d, serverName: serverName, uri: uri}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -122,15 +123,53 @@ func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 // nextPos allocates the next stream position. The counter row stays locked
 // until the transaction ends, so positions become visible in the order they
 // were handed out and a reader that sees position P has seen all below it.
-func nextPos(ctx context.Context, tx *sql.Tx) (storage.StreamPos, error) {
+//
+// On PostgreSQL the transaction also notifies the other daemons sharing the
+// database (delivered at commit), so their waiting /sync requests wake too.
+func (s *Store) nextPos(ctx context.Context, tx *sql.Tx) (storage.StreamPos, error) {
 	var pos storage.StreamPos
-	err := tx.QueryRowContext(ctx, `UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos`).Scan(&pos)
-	return pos, err
+	if err := tx.QueryRowContext(ctx, `UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos`).Scan(&pos); err != nil {
+		return 0, err
+	}
+	if s.d.name == "postgres" {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_notify('`+streamChannel+`', '')`); err != nil {
+			return 0, err
+		}
+	}
+	return pos, nil
+}
+
+// streamChannel is the PostgreSQL notification channel of stream advances.
+const streamChannel = "keyserver_stream"
+
+// WatchStream calls advanced whenever another daemon sharing the database
+// (or this one) advances the stream, until ctx ends. Only PostgreSQL can
+// be shared; on SQLite it just waits for ctx.
+func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
+	if s.d.name != "postgres" {
+		<-ctx.Done()
+		return nil
+	}
+	l := postgres.NewListener(s.uri)
+	defer l.Close()
+	if err := l.Listen(streamChannel); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-l.Notify:
+			// A nil notification means the connection was re-established:
+			// something may have been missed, so wake the waiters anyway.
+			advanced()
+		}
+	}
 }
 
 // recordDeviceChange adds a device-list change of userID at a new position.
-func recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
-	pos, err := nextPos(ctx, tx)
+func (s *Store) recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+	pos, err := s.nextPos(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
@@ -145,7 +184,7 @@ func recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, deviceID string
 // the caller's transaction: a change is never committed without its
 // delivery being due.
 func (s *Store) recordLocalChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
-	pos, err := recordDeviceChange(ctx, tx, userID, deviceID, deleted)
+	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
 	if err != nil {
 		return 0, err
 	}

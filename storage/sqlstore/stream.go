@@ -102,7 +102,7 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 		if old == membership {
 			return nil
 		}
-		if res.Pos, err = nextPos(ctx, tx); err != nil {
+		if res.Pos, err = s.nextPos(ctx, tx); err != nil {
 			return err
 		}
 		if _, err = tx.ExecContext(ctx, `
