@@ -11,7 +11,7 @@ import (
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
-const adminUsage = `keyserver admin COMMAND [flags] ARGS...
+const adminUsage = `keyserver admin COMMAND [flags] ARGS...  (flags before the arguments)
 
 Commands (they work on the configured database, also while the daemon runs):
   create-user LOCALPART PASSWORD   create an account
