@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/internal/testvectors"
 )
 
 const (
@@ -134,26 +134,8 @@ func TestKeysUploadQueryClaim(t *testing.T) {
 // Uploading the keys real client libraries made, and querying and claiming
 // them back unchanged.
 func TestKeysRealClientVectors(t *testing.T) {
-	raw, err := os.ReadFile("../keyserver/testdata/real-client-keys.json")
+	v, err := testvectors.Load()
 	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		Clients []struct {
-			UserID       string                     `json:"user_id"`
-			DeviceID     string                     `json:"device_id"`
-			DeviceKeys   json.RawMessage            `json:"device_keys"`
-			OneTimeKeys  map[string]json.RawMessage `json:"one_time_keys"`
-			FallbackKeys map[string]json.RawMessage `json:"fallback_keys"`
-		} `json:"clients"`
-		Negative []struct {
-			UserID string          `json:"user_id"`
-			Kind   string          `json:"kind"`
-			KeyID  string          `json:"key_id"`
-			Object json.RawMessage `json:"object"`
-		} `json:"negative"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
 		t.Fatal(err)
 	}
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {

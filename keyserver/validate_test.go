@@ -3,47 +3,19 @@ package keyserver
 import (
 	"crypto/ed25519"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/matrix-org/gomatrixserverlib"
+
+	"github.com/keyserver/keyserver/internal/testvectors"
 )
 
-// realClientKeys is testdata/real-client-keys.json: keys made by real
-// client libraries, and vectors derived from them that must be rejected.
-type realClientKeys struct {
-	Clients []struct {
-		Library      string                     `json:"library"`
-		UserID       string                     `json:"user_id"`
-		DeviceID     string                     `json:"device_id"`
-		DeviceKeys   json.RawMessage            `json:"device_keys"`
-		OneTimeKeys  map[string]json.RawMessage `json:"one_time_keys"`
-		FallbackKeys map[string]json.RawMessage `json:"fallback_keys"`
-	} `json:"clients"`
-	Negative []struct {
-		Name       string                   `json:"name"`
-		UserID     string                   `json:"user_id"`
-		DeviceID   string                   `json:"device_id"`
-		Kind       string                   `json:"kind"`
-		KeyID      string                   `json:"key_id"`
-		VerifyWith struct{ Ed25519 string } `json:"verify_with"`
-		Object     json.RawMessage          `json:"object"`
-	} `json:"negative"`
-}
-
-func loadRealClientKeys(t *testing.T) realClientKeys {
+func loadRealClientKeys(t *testing.T) testvectors.RealClientKeys {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/real-client-keys.json")
+	v, err := testvectors.Load()
 	if err != nil {
 		t.Fatal(err)
-	}
-	var v realClientKeys
-	if err := json.Unmarshal(raw, &v); err != nil {
-		t.Fatal(err)
-	}
-	if len(v.Clients) != 4 || len(v.Negative) != 4 {
-		t.Fatalf("test vectors: %d clients, %d negative", len(v.Clients), len(v.Negative))
 	}
 	return v
 }
