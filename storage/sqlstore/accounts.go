@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -11,7 +10,7 @@ import (
 // first device, in one transaction.
 func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, login *storage.NewLogin) (storage.LoginResult, error) {
 	var res storage.LoginResult
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		var ts int64
 		if login != nil {
 			ts = login.TS
@@ -37,13 +36,13 @@ func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, 
 // AccountExists reports whether the user has an account.
 func (s *Store) AccountExists(ctx context.Context, userID string) (bool, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM accounts WHERE user_id = $1`, userID).Scan(&n)
+	err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM accounts WHERE user_id = $1`, userID).Scan(&n)
 	return n > 0, err
 }
 
 // PasswordHash returns the user's password hash, or storage.ErrNotFound.
 func (s *Store) PasswordHash(ctx context.Context, userID string) (string, error) {
 	var h string
-	err := s.db.QueryRowContext(ctx, `SELECT password_hash FROM accounts WHERE user_id = $1`, userID).Scan(&h)
+	err := s.q.QueryRowContext(ctx, `SELECT password_hash FROM accounts WHERE user_id = $1`, userID).Scan(&h)
 	return h, notFound(err)
 }

@@ -12,7 +12,7 @@ import (
 // bound to exactly one device, and naming an existing device takes it over.
 func (s *Store) Login(ctx context.Context, login storage.NewLogin) (storage.LoginResult, error) {
 	var res storage.LoginResult
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		var err error
 		res, err = s.login(ctx, tx, login)
 		return err
@@ -20,7 +20,7 @@ func (s *Store) Login(ctx context.Context, login storage.NewLogin) (storage.Logi
 	return res, err
 }
 
-func (s *Store) login(ctx context.Context, tx *sql.Tx, l storage.NewLogin) (storage.LoginResult, error) {
+func (s *Store) login(ctx context.Context, tx *txn, l storage.NewLogin) (storage.LoginResult, error) {
 	var res storage.LoginResult
 	r, err := tx.ExecContext(ctx, `
 		INSERT INTO devices (user_id, device_id, display_name, created_ts, last_seen_ts, last_seen_ip)
@@ -53,7 +53,7 @@ func (s *Store) login(ctx context.Context, tx *sql.Tx, l storage.NewLogin) (stor
 // TokenOwner returns the user and device an access token belongs to.
 func (s *Store) TokenOwner(ctx context.Context, tokenHash string) (string, string, error) {
 	var userID, deviceID string
-	err := s.db.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
+	err := s.q.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
 		Scan(&userID, &deviceID)
 	return userID, deviceID, notFound(err)
 }
@@ -77,7 +77,7 @@ func scanDevice(sc interface{ Scan(...any) error }) (storage.Device, error) {
 }
 
 func (s *Store) queryDevices(ctx context.Context, query string, params ...any) ([]storage.Device, error) {
-	rows, err := s.db.QueryContext(ctx, query, params...)
+	rows, err := s.q.QueryContext(ctx, query, params...)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +100,7 @@ func (s *Store) Devices(ctx context.Context, userID string) ([]storage.Device, e
 
 // Device returns one device, or storage.ErrNotFound.
 func (s *Store) Device(ctx context.Context, userID, deviceID string) (storage.Device, error) {
-	d, err := scanDevice(s.db.QueryRowContext(ctx,
+	d, err := scanDevice(s.q.QueryRowContext(ctx,
 		`SELECT `+deviceColumns+` FROM devices WHERE user_id = $1 AND device_id = $2`, userID, deviceID))
 	return d, notFound(err)
 }
@@ -119,7 +119,7 @@ func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) ([]storag
 // changes nothing and returns position 0.
 func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (storage.StreamPos, error) {
 	var pos storage.StreamPos
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		var old sql.NullString
 		err := tx.QueryRowContext(ctx, `SELECT display_name FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
 			userID, deviceID).Scan(&old)
@@ -150,7 +150,7 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 	if deviceIDs != nil && len(deviceIDs) == 0 {
 		return nil, 0, nil
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		deleted = nil
 		query := `SELECT device_id FROM devices WHERE user_id = $1`
 		if deviceIDs != nil {

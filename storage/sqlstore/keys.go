@@ -19,7 +19,7 @@ import (
 func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
 	decide func(storage.KeyState) (storage.KeyWrite, error)) (storage.UploadResult, error) {
 	var res storage.UploadResult
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		res = storage.UploadResult{}
 		state, err := s.keyState(ctx, tx, userID, deviceID, oneTimeKeyIDs)
 		if err != nil {
@@ -61,7 +61,7 @@ func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTime
 	return res, err
 }
 
-func (s *Store) keyState(ctx context.Context, tx *sql.Tx, userID, deviceID string, otkIDs []string) (storage.KeyState, error) {
+func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, otkIDs []string) (storage.KeyState, error) {
 	st := storage.KeyState{
 		ExistingOneTimeKeys: map[string][]byte{},
 		Counts:              map[string]int{},
@@ -117,7 +117,7 @@ func (s *Store) keyState(ctx context.Context, tx *sql.Tx, userID, deviceID strin
 
 // insertOneTimeKeys stores keys in their order with multi-row INSERTs, so
 // that ids (and so claim order) follow upload order.
-func insertOneTimeKeys(ctx context.Context, tx *sql.Tx, userID, deviceID string, keys []storage.Key) error {
+func insertOneTimeKeys(ctx context.Context, tx *txn, userID, deviceID string, keys []storage.Key) error {
 	const perStatement = 200 // 5 parameters a row stays far below every limit
 	for len(keys) > 0 {
 		n := min(len(keys), perStatement)
@@ -156,7 +156,7 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 	const claimFallback = `UPDATE fallback_keys SET used = TRUE
 		WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
 		RETURNING key_id, key_json`
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		out = out[:0]
 		for _, r := range reqs {
 			c := storage.ClaimedKey{UserID: r.UserID, DeviceID: r.DeviceID, Key: storage.Key{Algorithm: r.Algorithm}}
@@ -181,7 +181,7 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 // KeyCounts returns a device's unclaimed one-time keys per algorithm and the
 // algorithms whose fallback key has not been handed out, in one query.
 func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (map[string]int, []string, error) {
-	rows, err := s.db.QueryContext(ctx, `
+	rows, err := s.q.QueryContext(ctx, `
 		SELECT 'otk', algorithm, COUNT(*) FROM one_time_keys WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm
 		UNION ALL
 		SELECT 'fallback', algorithm, 0 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND NOT used`,

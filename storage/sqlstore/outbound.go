@@ -14,7 +14,7 @@ func (s *Store) PendingDestinations(ctx context.Context) ([]string, error) {
 
 // OutboundQueue counts the pending updates per destination.
 func (s *Store) OutboundQueue(ctx context.Context) (map[string]int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT destination, COUNT(*) FROM outbound_device_updates GROUP BY destination`)
+	rows, err := s.q.QueryContext(ctx, `SELECT destination, COUNT(*) FROM outbound_device_updates GROUP BY destination`)
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +38,7 @@ func (s *Store) OutboundQueue(ctx context.Context) (map[string]int, error) {
 // for a destination never sent this user's updates, the user's previous
 // change (which it knows only if it fetched the list since).
 func (s *Store) PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error) {
-	rows, err := s.db.QueryContext(ctx, `
+	rows, err := s.q.QueryContext(ctx, `
 		SELECT o.user_id, o.device_id, o.stream_id, l.stream_id, d.user_id IS NULL, d.key_json, d.display_name
 		FROM outbound_device_updates o
 		LEFT JOIN outbound_last_sent l ON l.destination = o.destination AND l.user_id = o.user_id
@@ -76,7 +76,7 @@ func (s *Store) PendingUpdates(ctx context.Context, destination string, limit in
 			u.PrevID = lastSent[i].Int64
 		} else {
 			var p sql.NullInt64
-			if err := s.db.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1 AND pos < $2`,
+			if err := s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1 AND pos < $2`,
 				u.UserID, u.StreamID).Scan(&p); err != nil {
 				return nil, err
 			}
@@ -91,7 +91,7 @@ func (s *Store) PendingUpdates(ctx context.Context, destination string, limit in
 // unless a newer change of its device replaced it meanwhile, and the
 // destination's last delivered stream_id of each user moves on.
 func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		newest := map[string]int64{}
 		for _, u := range sent {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_device_updates
@@ -116,7 +116,7 @@ func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []
 // AcquireDestination takes or renews the lease on sending to destination.
 func (s *Store) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error) {
 	var ok bool
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		r, err := tx.ExecContext(ctx, `
 			INSERT INTO outbound_leases (destination, owner, expires_ts) VALUES ($1, $2, $3)
 			ON CONFLICT (destination) DO UPDATE SET owner = excluded.owner, expires_ts = excluded.expires_ts
@@ -134,7 +134,7 @@ func (s *Store) AcquireDestination(ctx context.Context, destination, owner strin
 
 // ReleaseDestination gives up a lease.
 func (s *Store) ReleaseDestination(ctx context.Context, destination, owner string) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM outbound_leases WHERE destination = $1 AND owner = $2`, destination, owner)
 		return err
 	})
@@ -143,7 +143,7 @@ func (s *Store) ReleaseDestination(ctx context.Context, destination, owner strin
 // InboundTransaction returns the stored answer to a transaction.
 func (s *Store) InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error) {
 	var resp []byte
-	err := s.db.QueryRowContext(ctx, `SELECT response FROM inbound_transactions WHERE origin = $1 AND txn_id = $2`, origin, txnID).Scan(&resp)
+	err := s.q.QueryRowContext(ctx, `SELECT response FROM inbound_transactions WHERE origin = $1 AND txn_id = $2`, origin, txnID).Scan(&resp)
 	if err == sql.ErrNoRows {
 		return nil, false, nil
 	}
@@ -157,7 +157,7 @@ const transactionRetention = 24 * 60 * 60 * 1000
 // StoreInboundTransaction keeps a transaction's answer (the first one
 // stored wins) and drops those older than a day.
 func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO inbound_transactions (origin, txn_id, response, received_ts) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (origin, txn_id) DO NOTHING`, origin, txnID, string(response), now); err != nil {
 			return err
@@ -169,7 +169,7 @@ func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID strin
 
 // DueStaleUsers returns stale users whose retry time has come, earliest first.
 func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) ([]storage.StaleUser, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT user_id, server_name, attempts, retry_at_ts FROM stale_device_lists
+	rows, err := s.q.QueryContext(ctx, `SELECT user_id, server_name, attempts, retry_at_ts FROM stale_device_lists
 		WHERE retry_at_ts <= $1 ORDER BY retry_at_ts, user_id LIMIT $2`, now, limit)
 	if err != nil {
 		return nil, err
@@ -189,7 +189,7 @@ func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) ([]stor
 // StaleEntry returns a user's stale mark, if any.
 func (s *Store) StaleEntry(ctx context.Context, userID string) (storage.StaleUser, bool, error) {
 	u := storage.StaleUser{UserID: userID}
-	err := s.db.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts FROM stale_device_lists WHERE user_id = $1`, userID).
+	err := s.q.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts FROM stale_device_lists WHERE user_id = $1`, userID).
 		Scan(&u.ServerName, &u.Attempts, &u.RetryAtTS)
 	if err == sql.ErrNoRows {
 		return u, false, nil
@@ -200,20 +200,20 @@ func (s *Store) StaleEntry(ctx context.Context, userID string) (storage.StaleUse
 // StaleCount counts the stale users.
 func (s *Store) StaleCount(ctx context.Context) (int, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM stale_device_lists`).Scan(&n)
+	err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM stale_device_lists`).Scan(&n)
 	return n, err
 }
 
 // NextStaleRetry returns the earliest retry time of any stale user.
 func (s *Store) NextStaleRetry(ctx context.Context) (int64, bool, error) {
 	var at sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT MIN(retry_at_ts) FROM stale_device_lists`).Scan(&at)
+	err := s.q.QueryRowContext(ctx, `SELECT MIN(retry_at_ts) FROM stale_device_lists`).Scan(&at)
 	return at.Int64, at.Valid, err
 }
 
 // RescheduleStale records a failed resync attempt and when to try again.
 func (s *Store) RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET attempts = $1, retry_at_ts = $2 WHERE user_id = $3`,
 			attempts, retryAt, userID)
 		return err
@@ -222,7 +222,7 @@ func (s *Store) RescheduleStale(ctx context.Context, userID string, attempts int
 
 // DeferServer holds back a server's stale users until a time.
 func (s *Store) DeferServer(ctx context.Context, serverName string, until int64) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET retry_at_ts = $1 WHERE server_name = $2 AND retry_at_ts < $1`,
 			until, serverName)
 		return err
@@ -231,7 +231,7 @@ func (s *Store) DeferServer(ctx context.Context, serverName string, until int64)
 
 // RetryServerNow makes a server's stale users due at once.
 func (s *Store) RetryServerNow(ctx context.Context, serverName string) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET retry_at_ts = 0 WHERE server_name = $1 AND retry_at_ts > 0`, serverName)
 		return err
 	})

@@ -13,7 +13,7 @@ import (
 // change, 0 when there is none.
 func (s *Store) DeviceListStreamID(ctx context.Context, userID string) (int64, error) {
 	var id sql.NullInt64
-	err := s.db.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1`, userID).Scan(&id)
+	err := s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1`, userID).Scan(&id)
 	return id.Int64, err
 }
 
@@ -22,7 +22,7 @@ func (s *Store) ServerKeys(ctx context.Context, serverName string, keyIDs []stri
 	if len(keyIDs) == 0 {
 		return nil, nil
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT key_id, public_key, valid_until_ts, expired_ts FROM server_keys
+	rows, err := s.q.QueryContext(ctx, `SELECT key_id, public_key, valid_until_ts, expired_ts FROM server_keys
 		WHERE server_name = $1 AND key_id IN (`+placeholders(2, len(keyIDs))+`)`, args([]any{serverName}, keyIDs)...)
 	if err != nil {
 		return nil, err
@@ -44,7 +44,7 @@ func (s *Store) StoreServerKeys(ctx context.Context, keys []storage.ServerKey) e
 	if len(keys) == 0 {
 		return nil
 	}
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *txn) error {
 		for _, k := range keys {
 			if _, err := tx.ExecContext(ctx, `
 				INSERT INTO server_keys (server_name, key_id, public_key, valid_until_ts, expired_ts) VALUES ($1, $2, $3, $4, $5)
@@ -67,7 +67,7 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[st
 		return out, nil
 	}
 	in := placeholders(1, len(userIDs))
-	rows, err := s.db.QueryContext(ctx, `
+	rows, err := s.q.QueryContext(ctx, `
 		SELECT l.user_id, l.stream_id, l.fetched_ts, s.user_id IS NOT NULL
 		FROM remote_device_lists l LEFT JOIN stale_device_lists s ON s.user_id = l.user_id
 		WHERE l.user_id IN (`+in+`)`, args(nil, userIDs)...)
@@ -90,7 +90,7 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[st
 		return out, nil
 	}
 
-	rows, err = s.db.QueryContext(ctx, `SELECT user_id, device_id, display_name, key_json FROM remote_devices
+	rows, err = s.q.QueryContext(ctx, `SELECT user_id, device_id, display_name, key_json FROM remote_devices
 		WHERE user_id IN (`+in+`) ORDER BY user_id, device_id`, args(nil, userIDs)...)
 	if err != nil {
 		return nil, err
@@ -115,7 +115,7 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[st
 		return nil, err
 	}
 
-	rows, err = s.db.QueryContext(ctx, `
+	rows, err = s.q.QueryContext(ctx, `
 		SELECT DISTINCT theirs.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
 		WHERE ours.user_id LIKE $1 AND ours.membership = 'join' AND theirs.membership = 'join'
 		AND theirs.user_id IN (`+placeholders(2, len(userIDs))+`)`,
@@ -139,7 +139,7 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[st
 // ReplaceRemoteDeviceList stores a fetched list in place of the cached one.
 func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.RemoteDeviceList, serverName string) (storage.StreamPos, error) {
 	var pos storage.StreamPos
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		pos = 0
 		var known int
 		var current int64
@@ -248,10 +248,10 @@ func sameDevice(a, b storage.RemoteDevice) bool {
 // MarkRemoteStale marks a remote user's cached list as out of date, due
 // for a resync now (a user already marked keeps its retry state).
 func (s *Store) MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) error {
-	return s.write(ctx, func(tx *sql.Tx) error { return markStale(ctx, tx, userID, serverName, now) })
+	return s.write(ctx, func(tx *txn) error { return markStale(ctx, tx, userID, serverName, now) })
 }
 
-func markStale(ctx context.Context, tx *sql.Tx, userID, serverName string, now int64) error {
+func markStale(ctx context.Context, tx *txn, userID, serverName string, now int64) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts, attempts, retry_at_ts)
 		VALUES ($1, $2, $3, 0, 0) ON CONFLICT (user_id) DO NOTHING`, userID, serverName, now)
 	return err
@@ -263,7 +263,7 @@ const keptStreamIDs = 50
 
 // rememberStreamID records a stream_id as seen for a remote user and
 // forgets all but the newest few.
-func (s *Store) rememberStreamID(ctx context.Context, tx *sql.Tx, userID string, streamID int64) error {
+func (s *Store) rememberStreamID(ctx context.Context, tx *txn, userID string, streamID int64) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO remote_stream_ids (user_id, stream_id) VALUES ($1, $2)
 		ON CONFLICT (user_id, stream_id) DO NOTHING`, userID, streamID); err != nil {
 		return err
@@ -279,7 +279,7 @@ func (s *Store) rememberStreamID(ctx context.Context, tx *sql.Tx, userID string,
 // userID.
 func (s *Store) SharesRoomWithLocal(ctx context.Context, userID string) (bool, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
+	err := s.q.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
 	return n > 0, err
 }
 
@@ -290,7 +290,7 @@ func (s *Store) SharesRoomWithLocal(ctx context.Context, userID string) (bool, e
 func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDeviceUpdate) (storage.ApplyResult, error) {
 	var res storage.ApplyResult
 	serverName := u.UserID[strings.IndexByte(u.UserID, ':')+1:]
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		res = storage.ApplyResult{}
 		var current int64
 		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, u.UserID).Scan(&current)

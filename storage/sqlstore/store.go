@@ -39,7 +39,10 @@ type dialect struct {
 
 // Store is the SQL implementation of storage.Database.
 type Store struct {
-	db      *sql.DB
+	db *sql.DB
+	// q runs the store's statements on db, prepared once and reused.
+	q       pool
+	stmts   *stmtCache
 	d       dialect
 	writeMu sync.Mutex
 	// serverName tells local users (whose changes go out over federation)
@@ -79,7 +82,8 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, d: d, serverName: serverName, uri: uri}
+	cache := &stmtCache{db: db}
+	s := &Store{db: db, q: pool{db: db, cache: cache}, stmts: cache, d: d, serverName: serverName, uri: uri}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -97,23 +101,31 @@ func (s *Store) Dialect() string { return s.d.name }
 // DB exposes the pool, for health checks and tests.
 func (s *Store) DB() *sql.DB { return s.db }
 
+// StatementsSent counts the statements this store has sent to the
+// database since it was opened, transaction begins and ends included.
+func (s *Store) StatementsSent() int64 { return s.stmts.sent.Load() }
+
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
 // Close closes the pool.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.stmts.close()
+	return s.db.Close()
+}
 
 // write runs fn in one transaction, committing when it returns nil.
-func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 	if s.d.serialWrites {
 		s.writeMu.Lock()
 		defer s.writeMu.Unlock()
 	}
+	s.stmts.sent.Add(2) // BEGIN and COMMIT (or ROLLBACK)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	if err := fn(&txn{tx: tx, cache: s.stmts}); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
@@ -126,7 +138,7 @@ func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 //
 // On PostgreSQL the transaction also notifies the other daemons sharing the
 // database (delivered at commit), so their waiting /sync requests wake too.
-func (s *Store) nextPos(ctx context.Context, tx *sql.Tx) (storage.StreamPos, error) {
+func (s *Store) nextPos(ctx context.Context, tx *txn) (storage.StreamPos, error) {
 	var pos storage.StreamPos
 	if err := tx.QueryRowContext(ctx, `UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos`).Scan(&pos); err != nil {
 		return 0, err
@@ -168,7 +180,7 @@ func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
 }
 
 // recordDeviceChange adds a device-list change of userID at a new position.
-func (s *Store) recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
 	pos, err := s.nextPos(ctx, tx)
 	if err != nil {
 		return 0, err
@@ -183,7 +195,7 @@ func (s *Store) recordDeviceChange(ctx context.Context, tx *sql.Tx, userID, devi
 // queues it for every remote server sharing a room with the user now, in
 // the caller's transaction: a change is never committed without its
 // delivery being due.
-func (s *Store) recordLocalChange(ctx context.Context, tx *sql.Tx, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
 	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
 	if err != nil {
 		return 0, err

@@ -14,7 +14,7 @@ import (
 // it is committed.
 func (s *Store) CurrentPos(ctx context.Context) (storage.StreamPos, error) {
 	var pos storage.StreamPos
-	err := s.db.QueryRowContext(ctx, `SELECT pos FROM stream_position WHERE id = 1`).Scan(&pos)
+	err := s.q.QueryRowContext(ctx, `SELECT pos FROM stream_position WHERE id = 1`).Scan(&pos)
 	return pos, err
 }
 
@@ -65,7 +65,7 @@ func (s *Store) DeviceListChanges(ctx context.Context, userID string, from, to s
 }
 
 func (s *Store) userList(ctx context.Context, query string, params ...any) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, query, params...)
+	rows, err := s.q.QueryContext(ctx, query, params...)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func (s *Store) userList(ctx context.Context, query string, params ...any) ([]st
 func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (storage.MembershipResult, error) {
 	var res storage.MembershipResult
 	local := strings.HasSuffix(userID, ":"+s.serverName)
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *txn) error {
 		res = storage.MembershipResult{}
 		var old string
 		err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
@@ -153,7 +153,7 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 	return res, err
 }
 
-func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *sql.Tx, userID string) (bool, error) {
+func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *txn, userID string) (bool, error) {
 	var n int
 	err := tx.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
 	return n > 0, err
@@ -165,7 +165,7 @@ const sharesRoomWithLocalQuery = `
 	SELECT COUNT(*) FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
 	WHERE theirs.user_id = $1 AND theirs.membership = 'join' AND ours.membership = 'join' AND ours.user_id LIKE $2`
 
-func (s *Store) txUserList(ctx context.Context, tx *sql.Tx, query string, params ...any) ([]string, error) {
+func (s *Store) txUserList(ctx context.Context, tx *txn, query string, params ...any) ([]string, error) {
 	rows, err := tx.QueryContext(ctx, query, params...)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,75 @@
+package keyserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/sqlstore"
+)
+
+// A local /keys/query sends one SQL statement however many users and
+// devices it names: every statement the store sends is counted.
+func TestLocalQueryIsOneRoundTrip(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, tdb testutil.Database) {
+		ctx := context.Background()
+		store, err := sqlstore.Open(ctx, tdb.URI, "local.test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		log := logrus.New()
+		log.SetOutput(io.Discard)
+		svc := keyserver.New(store, keyserver.Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+		users := map[string][]string{}
+		for i := 0; i < 40; i++ {
+			u := fmt.Sprintf("@u%d:local.test", i)
+			if _, err := store.CreateAccount(ctx, u, "x", nil); err != nil {
+				t.Fatal(err)
+			}
+			for d := 0; d < 3; d++ {
+				dev := fmt.Sprintf("D%d", d)
+				if _, err := store.Login(ctx, storage.NewLogin{UserID: u, DeviceID: dev, TokenHash: u + dev}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := store.UploadKeys(ctx, u, dev, nil, func(storage.KeyState) (storage.KeyWrite, error) {
+					return storage.KeyWrite{DeviceKeys: []byte(`{"device_id":"` + dev + `"}`)}, nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			users[u] = nil
+		}
+		for _, n := range []int{1, 40} {
+			req := map[string][]string{}
+			for u := range users {
+				if len(req) < n {
+					req[u] = []string{}
+				}
+			}
+			before := store.StatementsSent()
+			res, err := svc.QueryKeys(ctx, keyserver.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := 0
+			for _, devs := range res.DeviceKeys {
+				got += len(devs)
+			}
+			if got != 3*n {
+				raw, _ := json.Marshal(res)
+				t.Fatalf("%d users: %d devices in %s", n, got, raw)
+			}
+			if c := store.StatementsSent() - before; c != 1 {
+				t.Fatalf("%d users: %d SQL statements, want 1", n, c)
+			}
+		}
+	})
+}
