@@ -270,10 +270,19 @@ func (r QueryResponse) AppendJSON(b []byte) ([]byte, error) {
 	return append(b, rest[1:]...), nil
 }
 
-// appendString appends s as a JSON string.
+// appendString appends s as a JSON string. User and device IDs are almost
+// always plain printable ASCII, which is copied as it is; anything else
+// goes through encoding/json.
 func appendString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // QueryKeys returns the device keys of the named users; an empty device
@@ -365,6 +374,16 @@ func contains(list []string, s string) bool {
 func withDisplayName(keyJSON []byte, name *string) (json.RawMessage, error) {
 	if name == nil {
 		return keyJSON, nil
+	}
+	// Keys this server stored are a JSON object without "unsigned" (it is
+	// removed on upload), so the member can be added at the end without
+	// decoding the object; anything else is decoded and encoded again.
+	if n := len(keyJSON); n > 2 && keyJSON[0] == '{' && keyJSON[n-1] == '}' && !bytes.Contains(keyJSON, []byte(`"unsigned"`)) {
+		out := make([]byte, 0, n+40+len(*name))
+		out = append(out, keyJSON[:n-1]...)
+		out = append(out, `,"unsigned":{"device_display_name":`...)
+		out = appendString(out, *name)
+		return append(out, "}}"...), nil
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(keyJSON, &obj); err != nil {

@@ -35,3 +35,50 @@ func TestQueryResponseAppendJSON(t *testing.T) {
 		t.Fatalf("differs:\n%s\n%s", fast, slow)
 	}
 }
+
+// appendString writes the same string json.Marshal does, escaped where
+// JSON needs it.
+func TestAppendString(t *testing.T) {
+	for _, s := range []string{"", "@alice:example.org", "DEVICE", `a"b`, `back\slash`, "tab\there", "nul\x00", "é ü 日本", "<html>&", "\x7f", string([]byte{0xff, 'a'})} {
+		got := appendString([]byte("x"), s)
+		var back string
+		if err := json.Unmarshal(got[1:], &back); err != nil {
+			t.Fatalf("%q: not a JSON string: %s", s, got)
+		}
+		want, _ := json.Marshal(s)
+		var wantBack string
+		_ = json.Unmarshal(want, &wantBack)
+		if back != wantBack || got[0] != 'x' {
+			t.Fatalf("%q: wrote %s, which reads back as %q, want %q", s, got, back, wantBack)
+		}
+	}
+}
+
+// Adding the display name without decoding the stored object gives the
+// same object as decoding and encoding it, and objects that already hold
+// "unsigned" get it replaced, not duplicated.
+func TestWithDisplayName(t *testing.T) {
+	for _, tc := range []struct{ keys, name, want string }{
+		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, "Phone", `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{"device_display_name":"Phone"}}`},
+		{`{"device_id":"D"}`, `Bob's "work" laptop é`, `{"device_id":"D","unsigned":{"device_display_name":"Bob's \"work\" laptop é"}}`},
+		{`{"device_id":"D","unsigned":{"x":1}}`, "N", `{"device_id":"D","unsigned":{"device_display_name":"N"}}`},
+		{`{}`, "N", `{"unsigned":{"device_display_name":"N"}}`},
+	} {
+		name := tc.name
+		got, err := withDisplayName([]byte(tc.keys), &name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, b any
+		if err := json.Unmarshal(got, &a); err != nil {
+			t.Fatalf("%s: not JSON: %s", tc.keys, got)
+		}
+		_ = json.Unmarshal([]byte(tc.want), &b)
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("%s + %q:\n got %s\nwant %s", tc.keys, tc.name, got, tc.want)
+		}
+	}
+	if got, _ := withDisplayName([]byte(`{"a":1}`), nil); string(got) != `{"a":1}` {
+		t.Fatalf("no name changed the keys: %s", got)
+	}
+}

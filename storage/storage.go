@@ -290,7 +290,9 @@ type Database interface {
 	StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error
 
 	// WatchStream calls advanced whenever the stream advances, also by
-	// other daemons sharing the database, until ctx ends.
+	// other daemons sharing the database, until ctx ends. While it runs it
+	// also hears the other daemons' token revocations, which is what lets a
+	// shared database's token lookups be cached.
 	WatchStream(ctx context.Context, advanced func()) error
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error

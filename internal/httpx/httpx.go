@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -31,12 +32,27 @@ type Appender interface {
 	AppendJSON(b []byte) ([]byte, error)
 }
 
+// appendBufs recycles the buffers of Appender responses: query answers
+// run to tens of kilobytes, and growing a fresh buffer for each was the
+// largest source of garbage on the hot path.
+var appendBufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// maxPooledBuf keeps a rare huge answer from pinning its buffer.
+const maxPooledBuf = 1 << 20
+
 // JSON writes v as a JSON response.
 func JSON(w http.ResponseWriter, status int, v any) {
 	var body []byte
 	var err error
 	if a, ok := v.(Appender); ok {
-		body, err = a.AppendJSON(make([]byte, 0, 4096))
+		buf := appendBufs.Get().(*[]byte)
+		body, err = a.AppendJSON((*buf)[:0])
+		defer func() {
+			if cap(body) <= maxPooledBuf {
+				*buf = body[:0]
+				appendBufs.Put(buf)
+			}
+		}()
 	} else {
 		body, err = json.Marshal(v)
 	}

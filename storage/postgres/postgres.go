@@ -36,9 +36,17 @@ func Open(uri string) (*sql.DB, error) {
 }
 
 // NewListener opens a connection that receives notifications, reconnecting
-// by itself when it drops.
-func NewListener(uri string) *pq.Listener {
-	return pq.NewListener(uri, time.Second, time.Minute, nil)
+// by itself when it drops. connected is told when the connection is lost
+// (false) and when it is back and listening again (true).
+func NewListener(uri string, connected func(bool)) *pq.Listener {
+	return pq.NewListener(uri, time.Second, time.Minute, func(ev pq.ListenerEventType, _ error) {
+		switch ev {
+		case pq.ListenerEventDisconnected:
+			connected(false)
+		case pq.ListenerEventReconnected:
+			connected(true)
+		}
+	})
 }
 
 // IsUniqueViolation reports whether err is a unique constraint failure.

@@ -40,6 +40,9 @@ func (s *Store) login(ctx context.Context, tx *txn, l storage.NewLogin) (storage
 		if _, err := tx.ExecContext(ctx, `DELETE FROM access_tokens WHERE user_id = $1 AND device_id = $2`, l.UserID, l.DeviceID); err != nil {
 			return res, err
 		}
+		if err := s.revokeTokens(ctx, tx, l.UserID); err != nil {
+			return res, err
+		}
 		if _, err := tx.ExecContext(ctx, `UPDATE devices SET last_seen_ts = $1, last_seen_ip = $2 WHERE user_id = $3 AND device_id = $4`,
 			l.TS, l.IP, l.UserID, l.DeviceID); err != nil {
 			return res, err
@@ -50,11 +53,19 @@ func (s *Store) login(ctx context.Context, tx *txn, l storage.NewLogin) (storage
 	return res, err
 }
 
-// TokenOwner returns the user and device an access token belongs to.
+// TokenOwner returns the user and device an access token belongs to, from
+// the token cache when it can.
 func (s *Store) TokenOwner(ctx context.Context, tokenHash string) (string, string, error) {
+	if u, d, ok := s.tokens.get(tokenHash); ok {
+		return u, d, nil
+	}
+	gen, cache := s.tokens.generation()
 	var userID, deviceID string
 	err := s.q.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
 		Scan(&userID, &deviceID)
+	if err == nil && cache {
+		s.tokens.put(gen, tokenHash, userID, deviceID)
+	}
 	return userID, deviceID, notFound(err)
 }
 
@@ -180,6 +191,9 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
 				return err
 			}
+		}
+		if err := s.revokeTokens(ctx, tx, userID); err != nil {
+			return err
 		}
 		for _, id := range deleted {
 			if pos, err = s.recordLocalChange(ctx, tx, userID, id, true); err != nil {

@@ -106,7 +106,13 @@ func (p pool) ExecContext(ctx context.Context, query string, args ...any) (sql.R
 type txn struct {
 	tx    *sql.Tx
 	cache *stmtCache
+	// afterCommit runs once the transaction has committed, for what must
+	// follow the commit and never precede it (dropping cached state).
+	afterCommit []func()
 }
+
+// onCommit registers f to run after the transaction commits.
+func (t *txn) onCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
 func (t *txn) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	st, err := t.cache.get(ctx, query)

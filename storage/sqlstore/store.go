@@ -43,6 +43,8 @@ type Store struct {
 	// q runs the store's statements on db, prepared once and reused.
 	q       pool
 	stmts   *stmtCache
+	// tokens caches access token owners (see tokenCache).
+	tokens *tokenCache
 	d       dialect
 	writeMu sync.Mutex
 	// serverName tells local users (whose changes go out over federation)
@@ -83,7 +85,11 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		return nil, err
 	}
 	cache := &stmtCache{db: db}
-	s := &Store{db: db, q: pool{db: db, cache: cache}, stmts: cache, d: d, serverName: serverName, uri: uri}
+	s := &Store{db: db, q: pool{db: db, cache: cache}, stmts: cache, d: d, serverName: serverName, uri: uri,
+		// An SQLite database belongs to one daemon, which sees every
+		// revocation; on PostgreSQL the cache waits for WatchStream to
+		// listen for the revocations of the other daemons.
+		tokens: newTokenCache(d.name == "sqlite3")}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -125,11 +131,18 @@ func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 	if err != nil {
 		return err
 	}
-	if err := fn(&txn{tx: tx, cache: s.stmts}); err != nil {
+	t := &txn{tx: tx, cache: s.stmts}
+	if err := fn(t); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	for _, f := range t.afterCommit {
+		f()
+	}
+	return nil
 }
 
 // nextPos allocates the next stream position. The counter row stays locked
@@ -151,32 +164,64 @@ func (s *Store) nextPos(ctx context.Context, tx *txn) (storage.StreamPos, error)
 	return pos, nil
 }
 
-// streamChannel is the PostgreSQL notification channel of stream advances.
-const streamChannel = "keyserver_stream"
+// The PostgreSQL notification channels: stream advances, and users whose
+// access tokens were revoked (the payload is the user ID).
+const (
+	streamChannel = "keyserver_stream"
+	tokensChannel = "keyserver_tokens"
+)
 
 // WatchStream calls advanced whenever another daemon sharing the database
-// (or this one) advances the stream, until ctx ends. Only PostgreSQL can
-// be shared; on SQLite it just waits for ctx.
+// (or this one) advances the stream, until ctx ends. It also hears the
+// access-token revocations of the other daemons, and the token cache is on
+// only while it does. Only PostgreSQL can be shared; on SQLite it just
+// waits for ctx.
 func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
 	if s.d.name != "postgres" {
 		<-ctx.Done()
 		return nil
 	}
-	l := postgres.NewListener(s.uri)
+	l := postgres.NewListener(s.uri, func(connected bool) {
+		// While the connection is down revocations go unheard; once it is
+		// back (and listening again) the cache restarts empty.
+		s.tokens.setEnabled(connected)
+	})
+	defer s.tokens.setEnabled(false)
 	defer l.Close()
-	if err := l.Listen(streamChannel); err != nil {
-		return err
+	for _, ch := range []string{streamChannel, tokensChannel} {
+		if err := l.Listen(ch); err != nil {
+			return err
+		}
 	}
+	s.tokens.setEnabled(true)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-l.Notify:
-			// A nil notification means the connection was re-established:
-			// something may have been missed, so wake the waiters anyway.
-			advanced()
+		case n := <-l.Notify:
+			switch {
+			case n == nil:
+				// The connection was re-established: something may have
+				// been missed, so wake the waiters anyway.
+				advanced()
+			case n.Channel == tokensChannel:
+				s.tokens.revoke(n.Extra)
+			default:
+				advanced()
+			}
 		}
 	}
+}
+
+// revokeTokens drops the cached tokens of userID once tx commits, here and,
+// on PostgreSQL, in the other daemons sharing the database.
+func (s *Store) revokeTokens(ctx context.Context, tx *txn, userID string) error {
+	tx.onCommit(func() { s.tokens.revoke(userID) })
+	if s.d.name != "postgres" {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+tokensChannel+`', $1)`, userID)
+	return err
 }
 
 // recordDeviceChange adds a device-list change of userID at a new position.

@@ -146,3 +146,51 @@ func TestReplaceRemoteDeviceListOnlyChangesOnDifference(t *testing.T) {
 		}
 	})
 }
+
+// Revoked tokens stop authenticating at once, though lookups are cached:
+// a login that takes over a device, and a device deletion. On PostgreSQL
+// a second store on the same database, which does not listen for
+// revocations, must not cache at all.
+func TestRevokedTokensStopAtOnce(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		others := []*sqlstore.Store{s}
+		if db.Name == "postgres" {
+			others = append(others, open(t, db))
+		}
+		owner := func(st *sqlstore.Store, hash string) error {
+			_, _, err := st.TokenOwner(ctx, hash)
+			return err
+		}
+		if _, err := s.CreateAccount(ctx, "@a:x", "h", &storage.NewLogin{UserID: "@a:x", DeviceID: "D", TokenHash: "t1"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range others {
+			for i := 0; i < 2; i++ { // the second lookup is served from the cache
+				if err := owner(st, "t1"); err != nil {
+					t.Fatalf("t1: %v", err)
+				}
+			}
+		}
+		if _, err := s.Login(ctx, storage.NewLogin{UserID: "@a:x", DeviceID: "D", TokenHash: "t2"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range others {
+			if err := owner(st, "t1"); !errors.Is(err, storage.ErrNotFound) {
+				t.Fatalf("t1 after the device was taken over: %v", err)
+			}
+			if err := owner(st, "t2"); err != nil {
+				t.Fatalf("t2: %v", err)
+			}
+		}
+		if _, _, err := s.DeleteDevices(ctx, "@a:x", []string{"D"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range others {
+			if err := owner(st, "t2"); !errors.Is(err, storage.ErrNotFound) {
+				t.Fatalf("t2 after the device was deleted: %v", err)
+			}
+		}
+	})
+}
