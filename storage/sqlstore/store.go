@@ -41,10 +41,10 @@ type dialect struct {
 type Store struct {
 	db *sql.DB
 	// q runs the store's statements on db, prepared once and reused.
-	q       pool
-	stmts   *stmtCache
+	q     pool
+	stmts *stmtCache
 	// tokens caches access token owners (see tokenCache).
-	tokens *tokenCache
+	tokens  *tokenCache
 	d       dialect
 	writeMu sync.Mutex
 	// serverName tells local users (whose changes go out over federation)
