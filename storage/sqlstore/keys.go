@@ -83,15 +83,30 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 		UNION ALL
 		SELECT 'fallback', algorithm, key_id, key_json, CASE WHEN used THEN 1 ELSE 0 END FROM fallback_keys
 		WHERE user_id = $1 AND device_id = $2`
-	if len(otkIDs) > 0 {
-		// Matching on the concatenated full ID lets one IN list serve every
-		// algorithm; the unique index still bounds the scan to this device.
+	params := []any{userID, deviceID}
+	// The named keys already stored: one IN list of key IDs per algorithm,
+	// so that each is a lookup in the unique index.
+	byAlg := map[string][]string{}
+	for _, full := range otkIDs {
+		alg, id, _ := strings.Cut(full, ":")
+		byAlg[alg] = append(byAlg[alg], id)
+	}
+	algs := make([]string, 0, len(byAlg))
+	for alg := range byAlg {
+		algs = append(algs, alg)
+	}
+	sort.Strings(algs) // the same text for the same shape, so it stays prepared
+	for _, alg := range algs {
+		ids := byAlg[alg]
 		query += `
 		UNION ALL
 		SELECT 'existing', algorithm, key_id, key_json, 0 FROM one_time_keys
-		WHERE user_id = $1 AND device_id = $2 AND algorithm || ':' || key_id IN (` + placeholders(3, len(otkIDs)) + `)`
+		WHERE user_id = $1 AND device_id = $2 AND algorithm = ` + placeholders(len(params)+1, 1) +
+			` AND key_id IN (` + placeholders(len(params)+2, len(ids)) + `)`
+		params = append(params, alg)
+		params = args(params, ids)
 	}
-	rows, err := tx.QueryContext(ctx, query, args([]any{userID, deviceID}, otkIDs)...)
+	rows, err := tx.QueryContext(ctx, query, params...)
 	if err != nil {
 		return st, err
 	}
