@@ -215,7 +215,8 @@ func TestSharedDatabaseSeesSendAtOnce(t *testing.T) {
 }
 
 // A /sync waiting on one daemon wakes for a change made through another
-// daemon sharing the PostgreSQL database.
+// daemon sharing the PostgreSQL database, and the change is readable there
+// when it wakes.
 func TestSharedDatabaseWakesSync(t *testing.T) {
 	db := testutil.Postgres(t)
 	a1 := testutil.StartNode(t, db, nil)
@@ -230,6 +231,10 @@ func TestSharedDatabaseWakesSync(t *testing.T) {
 		done <- a2.Do(t, "GET", "/_matrix/client/v3/sync?timeout=20000&since="+since, alice.Token, nil)
 	}()
 	eventually(t, "the sync to wait", func() bool { return a2.Service.WaitingSyncs() == 1 })
+	// a2 has bob's (still keyless) device list cached...
+	if got := deviceIDs(t, a2, alice, bob.UserID); len(got) != 0 {
+		t.Fatalf("bob has keys before uploading any: %v", got)
+	}
 	a1.Upload(t, bob, map[string]any{"device_keys": bob.DeviceKeys(t)})
 	select {
 	case r := <-done:
@@ -239,5 +244,10 @@ func TestSharedDatabaseWakesSync(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("the sync on the other daemon was not woken")
+	}
+	// ...and a client told of the change by a2 reads the new keys from a2
+	// at once: the cache was dropped before the sync woke.
+	if got := deviceIDs(t, a2, alice, bob.UserID); !got[bob.DeviceID] || len(got) != 1 {
+		t.Fatalf("after the sync woke, a2 serves bob's devices %v, want %s", got, bob.DeviceID)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
-// A local /keys/query sends one SQL statement however many users and
-// devices it names: every statement the store sends is counted.
+// A local /keys/query sends at most one SQL statement however many users
+// and devices it names: every statement the store sends is counted.
 func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, tdb testutil.Database) {
 		ctx := context.Background()
@@ -47,12 +47,16 @@ func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 			}
 			users[u] = nil
 		}
-		for _, n := range []int{1, 40} {
+		// Cold, for one user and then for the 39 others; then all 40 again,
+		// which the device cache may answer without any statement.
+		var ids []string
+		for u := range users {
+			ids = append(ids, u)
+		}
+		for _, group := range [][]string{ids[:1], ids[1:], ids} {
 			req := map[string][]string{}
-			for u := range users {
-				if len(req) < n {
-					req[u] = []string{}
-				}
+			for _, u := range group {
+				req[u] = []string{}
 			}
 			before := store.StatementsSent()
 			res, err := svc.QueryKeys(ctx, keyserver.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
@@ -63,12 +67,13 @@ func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 			for _, devs := range res.DeviceKeys {
 				got += len(devs)
 			}
-			if got != 3*n {
+			if got != 3*len(group) {
 				raw, _ := json.Marshal(res)
-				t.Fatalf("%d users: %d devices in %s", n, got, raw)
+				t.Fatalf("%d users: %d devices in %s", len(group), got, raw)
 			}
-			if c := store.StatementsSent() - before; c != 1 {
-				t.Fatalf("%d users: %d SQL statements, want 1", n, c)
+			c := store.StatementsSent() - before
+			if c > 1 || (c == 0 && len(group) < len(ids)) {
+				t.Fatalf("%d users: %d SQL statements, want 1 (or none once all are cached)", len(group), c)
 			}
 		}
 	})

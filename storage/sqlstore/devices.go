@@ -56,17 +56,17 @@ func (s *Store) login(ctx context.Context, tx *txn, l storage.NewLogin) (storage
 // TokenOwner returns the user and device an access token belongs to, from
 // the token cache when it can.
 func (s *Store) TokenOwner(ctx context.Context, tokenHash string) (string, string, error) {
-	if u, d, ok := s.tokens.get(tokenHash); ok {
-		return u, d, nil
+	if o, ok := s.tokens.get(tokenHash); ok {
+		return o.userID, o.deviceID, nil
 	}
 	gen, cache := s.tokens.generation()
-	var userID, deviceID string
+	var o tokenOwner
 	err := s.q.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
-		Scan(&userID, &deviceID)
+		Scan(&o.userID, &o.deviceID)
 	if err == nil && cache {
-		s.tokens.put(gen, tokenHash, userID, deviceID)
+		s.tokens.put(gen, tokenHash, o.userID, o)
 	}
-	return userID, deviceID, notFound(err)
+	return o.userID, o.deviceID, notFound(err)
 }
 
 const deviceColumns = `user_id, device_id, display_name, key_json, last_seen_ip, last_seen_ts`
@@ -117,13 +117,41 @@ func (s *Store) Device(ctx context.Context, userID, deviceID string) (storage.De
 }
 
 // DevicesWithKeys returns the devices of the given users that have uploaded
-// identity keys, in a single query however many users are named.
+// identity keys: from the device cache, and for the users it lacks from a
+// single query however many they are. The devices returned may be shared
+// with the cache and must not be modified.
 func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) ([]storage.Device, error) {
-	if len(userIDs) == 0 {
-		return nil, nil
+	var out []storage.Device
+	var missing []string
+	for _, u := range userIDs {
+		if devs, ok := s.devices.get(u); ok {
+			out = append(out, devs...)
+		} else {
+			missing = append(missing, u)
+		}
 	}
-	return s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices
-		WHERE key_json IS NOT NULL AND user_id IN (`+placeholders(1, len(userIDs))+`)`, args(nil, userIDs)...)
+	if len(missing) == 0 {
+		return out, nil
+	}
+	gen, cache := s.devices.generation()
+	read, err := s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices
+		WHERE key_json IS NOT NULL AND user_id IN (`+placeholders(1, len(missing))+`)`, args(nil, missing)...)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, read...)
+	if cache {
+		byUser := make(map[string][]storage.Device, len(missing))
+		for _, d := range read {
+			byUser[d.UserID] = append(byUser[d.UserID], d)
+		}
+		for _, u := range missing {
+			// Users without devices are cached too: they are asked for as
+			// often, and gaining a device is a change like any other.
+			s.devices.put(gen, u, u, byUser[u])
+		}
+	}
+	return out, nil
 }
 
 // SetDeviceDisplayName renames a device. Renaming to the current name

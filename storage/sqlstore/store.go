@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/postgres"
@@ -43,8 +44,10 @@ type Store struct {
 	// q runs the store's statements on db, prepared once and reused.
 	q     pool
 	stmts *stmtCache
-	// tokens caches access token owners (see tokenCache).
-	tokens  *tokenCache
+	// tokens caches access token owners by token hash, devices local
+	// users' devices with keys (see userCache).
+	tokens  *userCache[tokenOwner]
+	devices *userCache[[]storage.Device]
 	d       dialect
 	writeMu sync.Mutex
 	// serverName tells local users (whose changes go out over federation)
@@ -87,9 +90,10 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	cache := &stmtCache{db: db}
 	s := &Store{db: db, q: pool{db: db, cache: cache}, stmts: cache, d: d, serverName: serverName, uri: uri,
 		// An SQLite database belongs to one daemon, which sees every
-		// revocation; on PostgreSQL the cache waits for WatchStream to
-		// listen for the revocations of the other daemons.
-		tokens: newTokenCache(d.name == "sqlite3")}
+		// change; on PostgreSQL the caches wait for WatchStream to listen
+		// for the changes of the other daemons.
+		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
+		devices: newUserCache[[]storage.Device](d.name == "sqlite3", cacheTTL, 10_000)}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -164,36 +168,50 @@ func (s *Store) nextPos(ctx context.Context, tx *txn) (storage.StreamPos, error)
 	return pos, nil
 }
 
-// The PostgreSQL notification channels: stream advances, and users whose
-// access tokens were revoked (the payload is the user ID).
+// The PostgreSQL notification channels: stream advances, users whose
+// access tokens were revoked, and local users whose devices changed (the
+// payload of the last two is the user ID).
 const (
-	streamChannel = "keyserver_stream"
-	tokensChannel = "keyserver_tokens"
+	streamChannel  = "keyserver_stream"
+	tokensChannel  = "keyserver_tokens"
+	devicesChannel = "keyserver_devices"
 )
+
+// cacheTTL bounds how long a cached token or device list is trusted
+// without a notification (see userCache).
+const cacheTTL = 30 * time.Second
+
+type tokenOwner struct{ userID, deviceID string }
+
+// setCachesEnabled turns the caches that need every change heard on or off.
+func (s *Store) setCachesEnabled(on bool) {
+	s.tokens.setEnabled(on)
+	s.devices.setEnabled(on)
+}
 
 // WatchStream calls advanced whenever another daemon sharing the database
 // (or this one) advances the stream, until ctx ends. It also hears the
-// access-token revocations of the other daemons, and the token cache is on
-// only while it does. Only PostgreSQL can be shared; on SQLite it just
-// waits for ctx.
+// other daemons' token revocations and device changes, and the caches of
+// tokens and devices are on only while it does. Only PostgreSQL can be
+// shared; on SQLite it just waits for ctx.
 func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
 	if s.d.name != "postgres" {
 		<-ctx.Done()
 		return nil
 	}
 	l := postgres.NewListener(s.uri, func(connected bool) {
-		// While the connection is down revocations go unheard; once it is
-		// back (and listening again) the cache restarts empty.
-		s.tokens.setEnabled(connected)
+		// While the connection is down changes go unheard; once it is back
+		// (and listening again) the caches restart empty.
+		s.setCachesEnabled(connected)
 	})
-	defer s.tokens.setEnabled(false)
+	defer s.setCachesEnabled(false)
 	defer l.Close()
-	for _, ch := range []string{streamChannel, tokensChannel} {
+	for _, ch := range []string{streamChannel, tokensChannel, devicesChannel} {
 		if err := l.Listen(ch); err != nil {
 			return err
 		}
 	}
-	s.tokens.setEnabled(true)
+	s.setCachesEnabled(true)
 	for {
 		select {
 		case <-ctx.Done():
@@ -206,6 +224,10 @@ func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
 				advanced()
 			case n.Channel == tokensChannel:
 				s.tokens.revoke(n.Extra)
+			case n.Channel == devicesChannel:
+				// Sent before the stream advance of the same change, so
+				// the cache is dropped before any /sync wakes to read it.
+				s.devices.revoke(n.Extra)
 			default:
 				advanced()
 			}
@@ -239,8 +261,16 @@ func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceI
 // recordLocalChange records a change of a local user's device list and
 // queues it for every remote server sharing a room with the user now, in
 // the caller's transaction: a change is never committed without its
-// delivery being due.
+// delivery being due. The user's cached devices are dropped at commit.
 func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+	tx.onCommit(func() { s.devices.revoke(userID) })
+	if s.d.name == "postgres" {
+		// Before the stream advance (nextPos), so that other daemons drop
+		// their copy before they wake anyone for the change.
+		if _, err := tx.ExecContext(ctx, `SELECT pg_notify('`+devicesChannel+`', $1)`, userID); err != nil {
+			return 0, err
+		}
+	}
 	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
 	if err != nil {
 		return 0, err

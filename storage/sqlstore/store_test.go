@@ -194,3 +194,73 @@ func TestRevokedTokensStopAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// Device lists read for /keys/query are cached, and every change shows at
+// once: new keys, a new device, a rename, a deletion. On PostgreSQL a
+// second store on the same database, which does not listen for changes,
+// must not cache at all.
+func TestDeviceChangesShowAtOnce(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		readers := []*sqlstore.Store{s}
+		if db.Name == "postgres" {
+			readers = append(readers, open(t, db))
+		}
+		const u = "@a:x"
+		if _, err := s.CreateAccount(ctx, u, "h", &storage.NewLogin{UserID: u, DeviceID: "D1", TokenHash: "t1"}); err != nil {
+			t.Fatal(err)
+		}
+		upload := func(device, keys string) {
+			t.Helper()
+			if _, err := s.UploadKeys(ctx, u, device, nil, func(storage.KeyState) (storage.KeyWrite, error) {
+				return storage.KeyWrite{DeviceKeys: []byte(keys)}, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		expect := func(step string, want map[string]string) {
+			t.Helper()
+			for i, r := range readers {
+				for range 2 { // the second read may come from the cache
+					devs, err := r.DevicesWithKeys(ctx, []string{u, "@nobody:x"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					got := map[string]string{}
+					for _, d := range devs {
+						name := ""
+						if d.DisplayName != nil {
+							name = *d.DisplayName
+						}
+						got[d.DeviceID] = string(d.KeyJSON) + "/" + name
+					}
+					if len(got) != len(want) {
+						t.Fatalf("%s (reader %d): %v, want %v", step, i, got, want)
+					}
+					for id, v := range want {
+						if got[id] != v {
+							t.Fatalf("%s (reader %d): %v, want %v", step, i, got, want)
+						}
+					}
+				}
+			}
+		}
+		expect("no keys yet", map[string]string{})
+		upload("D1", `{"k":1}`)
+		expect("keys uploaded", map[string]string{"D1": `{"k":1}/`})
+		if _, err := s.Login(ctx, storage.NewLogin{UserID: u, DeviceID: "D2", TokenHash: "t2"}); err != nil {
+			t.Fatal(err)
+		}
+		upload("D2", `{"k":2}`)
+		expect("second device", map[string]string{"D1": `{"k":1}/`, "D2": `{"k":2}/`})
+		if _, err := s.SetDeviceDisplayName(ctx, u, "D1", "Phone"); err != nil {
+			t.Fatal(err)
+		}
+		expect("renamed", map[string]string{"D1": `{"k":1}/Phone`, "D2": `{"k":2}/`})
+		if _, _, err := s.DeleteDevices(ctx, u, []string{"D2"}); err != nil {
+			t.Fatal(err)
+		}
+		expect("deleted", map[string]string{"D1": `{"k":1}/Phone`})
+	})
+}
