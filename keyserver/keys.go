@@ -74,7 +74,7 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 	// those keys are still the stored ones (retrying if a concurrent upload
 	// changed them), so the expensive part never holds the writer.
 	for attempt := 0; ; attempt++ {
-		res, err := s.uploadOnce(ctx, c, dk, otks, fallbacks, ids)
+		res, err := s.uploadOnce(ctx, c, attempt, dk, otks, fallbacks, ids)
 		if errors.Is(err, errDeviceKeysMoved) && attempt < 3 {
 			continue
 		}
@@ -99,19 +99,39 @@ type checkedKey struct {
 	json []byte
 }
 
-func (s *Service) uploadOnce(ctx context.Context, c Caller, dk *DeviceKeys, otks, fallbacks []keyUpload, ids []string) (storage.UploadResult, error) {
+// storedDeviceKeys returns the device's stored identity keys (nil when it
+// has none yet), or storage.ErrNotFound when the device is gone. The first
+// attempt reads them from the device cache the queries share; should that
+// copy be stale, the write transaction notices (errDeviceKeysMoved) and the
+// retry reads the database.
+func (s *Service) storedDeviceKeys(ctx context.Context, c Caller, attempt int) ([]byte, error) {
+	if attempt == 0 {
+		devs, err := s.db.DevicesWithKeys(ctx, []string{c.UserID})
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range devs {
+			if d.DeviceID == c.DeviceID {
+				return d.KeyJSON, nil
+			}
+		}
+	}
 	dev, err := s.db.Device(ctx, c.UserID, c.DeviceID)
+	return dev.KeyJSON, err
+}
+
+func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *DeviceKeys, otks, fallbacks []keyUpload, ids []string) (storage.UploadResult, error) {
+	storedKeys, err := s.storedDeviceKeys(ctx, c, attempt)
 	if err != nil {
 		return storage.UploadResult{}, err
 	}
 	ed25519Key := ""
-	if dev.KeyJSON != nil {
-		stored, err := ParseDeviceKeys(dev.KeyJSON)
-		if err != nil {
+	if storedKeys != nil {
+		var curveKey string
+		if ed25519Key, curveKey, err = storedIdentityKeys(storedKeys); err != nil {
 			return storage.UploadResult{}, err
 		}
-		ed25519Key = stored.Ed25519()
-		if dk != nil && (dk.Ed25519() != stored.Ed25519() || dk.Curve25519() != stored.Curve25519()) {
+		if dk != nil && (dk.Ed25519() != ed25519Key || dk.Curve25519() != curveKey) {
 			return storage.UploadResult{}, mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID)
 		}
 	}
@@ -140,7 +160,7 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, dk *DeviceKeys, otks
 
 	decide := func(st storage.KeyState) (storage.KeyWrite, error) {
 		var w storage.KeyWrite
-		if !bytes.Equal(st.DeviceKeys, dev.KeyJSON) {
+		if !bytes.Equal(st.DeviceKeys, storedKeys) {
 			return w, errDeviceKeysMoved
 		}
 		if dk != nil {

@@ -114,6 +114,19 @@ func ParseDeviceKeys(raw json.RawMessage) (*DeviceKeys, error) {
 	return d, nil
 }
 
+// storedIdentityKeys reads the ed25519 and curve25519 keys from device keys
+// this server checked and stored before, without checking them again.
+func storedIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, err error) {
+	var f struct {
+		DeviceID string            `json:"device_id"`
+		Keys     map[string]string `json:"keys"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return "", "", fmt.Errorf("stored device keys: %w", err)
+	}
+	return f.Keys["ed25519:"+f.DeviceID], f.Keys["curve25519:"+f.DeviceID], nil
+}
+
 // VerifySelfSignature checks the device's signature of its own keys.
 func (d *DeviceKeys) VerifySelfSignature() error {
 	if err := verifySignedBy(d.Canonical, d.UserID, d.DeviceID, d.Ed25519()); err != nil {

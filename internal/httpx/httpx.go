@@ -65,6 +65,10 @@ func JSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(body)
 }
 
+// StatusClientClosedRequest is recorded for requests whose client left
+// before the answer was ready (nginx's 499).
+const StatusClientClosedRequest = 499
+
 // Error writes err as a Matrix error. An *mxerr.Error is the caller's
 // mistake and goes out as it is; anything else is logged and answered 500
 // M_UNKNOWN without its details.
@@ -72,6 +76,14 @@ func Error(w http.ResponseWriter, r *http.Request, err error) {
 	var me *mxerr.Error
 	if errors.As(err, &me) {
 		JSON(w, me.Status, me.Body())
+		return
+	}
+	if r.Context().Err() != nil {
+		// The client went away (or the server is stopping) and the work
+		// was cut short: nothing an operator needs to act on, and nobody
+		// reads the answer. 499 is the status proxies log for it.
+		Logger(r).WithError(err).Debug("request abandoned by the client")
+		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}
 	Logger(r).WithError(err).Error("request failed")

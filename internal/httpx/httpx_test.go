@@ -2,6 +2,7 @@ package httpx
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -116,5 +117,27 @@ func TestReadBodyCap(t *testing.T) {
 		if tc.ok != (err == nil) || (err != nil && (!errors.As(err, &me) || me.Status != 413 || me.Code != "M_TOO_LARGE")) {
 			t.Errorf("%+v: %v", tc, err)
 		}
+	}
+}
+
+// A request its client abandoned is not a server error: no error line,
+// and 499 is recorded.
+func TestErrorOfAbandonedRequest(t *testing.T) {
+	var logs bytes.Buffer
+	log := logrus.New()
+	log.SetOutput(&logs)
+	log.SetLevel(logrus.InfoLevel)
+	h := Middleware(log, "test", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Error(w, r, r.Context().Err())
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/keys/upload", nil).WithContext(ctx))
+	if rec.Code != StatusClientClosedRequest {
+		t.Fatalf("status %d", rec.Code)
+	}
+	if strings.Contains(logs.String(), "level=error") {
+		t.Fatalf("an abandoned request was logged as an error: %s", logs.String())
 	}
 }
