@@ -32,23 +32,29 @@ func IsURI(uri string) bool {
 // its directory if needed, with the settings the store relies on: WAL so
 // readers never wait for the writer, a busy timeout for other processes,
 // foreign keys, and immediate write transactions.
-func Open(uri string) (*sql.DB, error) {
+//
+// It returns two pools on the one database: read for statements outside
+// transactions, and write, a single connection for the write transactions.
+// SQLite has one writer at a time anyway, and keeping every write on one
+// connection keeps that connection's page cache warm with what writes
+// read (key counts, the keys already stored).
+func Open(uri string) (read, write *sql.DB, err error) {
 	path := strings.TrimPrefix(uri, "file:")
 	query := ""
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path, query = path[:i], path[i+1:]
 	}
 	if path == "" {
-		return nil, errors.New("sqlite: empty database path")
+		return nil, nil, errors.New("sqlite: empty database path")
 	}
 	if path != ":memory:" {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, fmt.Errorf("sqlite: create directory for %s: %w", path, err)
+			return nil, nil, fmt.Errorf("sqlite: create directory for %s: %w", path, err)
 		}
 	}
 	params, err := url.ParseQuery(query)
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: bad parameters in %q: %w", uri, err)
+		return nil, nil, fmt.Errorf("sqlite: bad parameters in %q: %w", uri, err)
 	}
 	// busy_timeout must be in force before the journal mode is switched.
 	setDefault(params, "_busy_timeout", "10000")
@@ -56,18 +62,25 @@ func Open(uri string) (*sql.DB, error) {
 	setDefault(params, "_synchronous", "NORMAL")
 	setDefault(params, "_foreign_keys", "on")
 	setDefault(params, "_txlock", "immediate")
-	db, err := sql.Open("sqlite3", "file:"+path+"?"+params.Encode())
-	if err != nil {
-		return nil, err
+	dsn := "file:" + path + "?" + params.Encode()
+	if read, err = sql.Open("sqlite3", dsn); err != nil {
+		return nil, nil, err
 	}
 	if path == ":memory:" {
 		// Every connection would get its own empty database.
-		db.SetMaxOpenConns(1)
-	} else {
-		db.SetMaxOpenConns(8)
+		read.SetMaxOpenConns(1)
+		return read, read, nil
 	}
-	db.SetMaxIdleConns(8)
-	return db, nil
+	read.SetMaxOpenConns(8)
+	read.SetMaxIdleConns(8)
+	if write, err = sql.Open("sqlite3", dsn); err != nil {
+		read.Close()
+		return nil, nil, err
+	}
+	write.SetMaxOpenConns(1)
+	write.SetMaxIdleConns(1)
+	write.SetConnMaxIdleTime(0)
+	return read, write, nil
 }
 
 func setDefault(v url.Values, key, value string) {

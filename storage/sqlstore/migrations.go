@@ -192,7 +192,7 @@ func SchemaVersion() int { return migrations[len(migrations)-1].version }
 // migrate applies every step the database has not seen, each in its own
 // transaction, and refuses a database written by a newer version.
 func (s *Store) migrate(ctx context.Context) error {
-	conn, err := s.db.Conn(ctx)
+	conn, err := s.wdb.Conn(ctx)
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,15 @@ type stmtCache struct {
 	sent atomic.Int64
 }
 
+// lookup returns the statement prepared for query, if it is.
+func (c *stmtCache) lookup(query string) (*sql.Stmt, bool) {
+	st, ok := c.stmts.Load(query)
+	if !ok {
+		return nil, false
+	}
+	return st.(*sql.Stmt), true
+}
+
 // get returns the prepared statement for query, preparing it on first use,
 // or nil once the cache is full.
 func (c *stmtCache) get(ctx context.Context, query string) (*sql.Stmt, error) {
@@ -109,17 +118,38 @@ type txn struct {
 	// afterCommit runs once the transaction has committed, for what must
 	// follow the commit and never precede it (dropping cached state).
 	afterCommit []func()
+	// missed are the statements run unprepared (see stmt).
+	missed []string
 }
 
 // onCommit registers f to run after the transaction commits.
 func (t *txn) onCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
+// stmt returns the prepared form of query bound to the transaction, or
+// nil when the statement is not prepared yet: preparing it on the pool
+// here could wait for the very connection the transaction holds (SQLite's
+// write pool has one), so it runs unprepared this once and is prepared
+// after the transaction ends (see prepareMissed).
 func (t *txn) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	st, err := t.cache.get(ctx, query)
-	if err != nil || st == nil {
-		return nil, err
+	st, ok := t.cache.lookup(query)
+	if !ok {
+		t.cache.sent.Add(1)
+		t.missed = append(t.missed, query)
+		return nil, nil
 	}
+	t.cache.sent.Add(1)
 	return t.tx.StmtContext(ctx, st), nil
+}
+
+// prepareMissed prepares the statements the transaction ran unprepared,
+// once its connection is back in the pool.
+func (t *txn) prepareMissed(ctx context.Context) {
+	for _, q := range t.missed {
+		if _, err := t.cache.get(ctx, q); err != nil {
+			return // the statement failed in the transaction too
+		}
+		t.cache.sent.Add(-1) // preparing is not running it
+	}
 }
 
 func (t *txn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {

@@ -41,9 +41,14 @@ type dialect struct {
 // Store is the SQL implementation of storage.Database.
 type Store struct {
 	db *sql.DB
-	// q runs the store's statements on db, prepared once and reused.
-	q     pool
-	stmts *stmtCache
+	// wdb runs the write transactions: db itself on PostgreSQL, a pool of
+	// one connection on SQLite (see sqlite3.Open).
+	wdb *sql.DB
+	// q runs the store's statements on db, prepared once and reused;
+	// wstmts are the write pool's prepared statements.
+	q      pool
+	stmts  *stmtCache
+	wstmts *stmtCache
 	// tokens caches access token owners by token hash, devices local
 	// users' devices with keys (see userCache).
 	tokens  *userCache[tokenOwner]
@@ -63,20 +68,21 @@ var _ storage.Database = (*Store)(nil)
 // name of the server whose users are local.
 func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	var (
-		db  *sql.DB
-		d   dialect
-		err error
+		db, wdb *sql.DB
+		d       dialect
+		err     error
 	)
 	switch {
 	case postgres.IsURI(uri):
 		db, err = postgres.Open(uri)
+		wdb = db
 		d = dialect{
 			name: "postgres", types: postgres.Types,
 			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
 			isUniqueViolation: postgres.IsUniqueViolation,
 		}
 	case sqlite3.IsURI(uri):
-		db, err = sqlite3.Open(uri)
+		db, wdb, err = sqlite3.Open(uri)
 		d = dialect{
 			name: "sqlite3", types: sqlite3.Types,
 			serialWrites: true, isUniqueViolation: sqlite3.IsUniqueViolation,
@@ -87,19 +93,22 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	cache := &stmtCache{db: db}
-	s := &Store{db: db, q: pool{db: db, cache: cache}, stmts: cache, d: d, serverName: serverName, uri: uri,
+	cache, wcache := &stmtCache{db: db}, &stmtCache{db: wdb}
+	if wdb == db {
+		wcache = cache
+	}
+	s := &Store{db: db, wdb: wdb, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
 		// An SQLite database belongs to one daemon, which sees every
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
 		devices: newUserCache[[]storage.Device](d.name == "sqlite3", cacheTTL, 10_000)}
 	if err := db.PingContext(ctx); err != nil {
-		db.Close()
+		s.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
 	}
 	if err := s.migrate(ctx); err != nil {
-		db.Close()
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -113,7 +122,13 @@ func (s *Store) DB() *sql.DB { return s.db }
 
 // StatementsSent counts the statements this store has sent to the
 // database since it was opened, transaction begins and ends included.
-func (s *Store) StatementsSent() int64 { return s.stmts.sent.Load() }
+func (s *Store) StatementsSent() int64 {
+	n := s.stmts.sent.Load()
+	if s.wstmts != s.stmts {
+		n += s.wstmts.sent.Load()
+	}
+	return n
+}
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
@@ -121,6 +136,10 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // Close closes the pool.
 func (s *Store) Close() error {
 	s.stmts.close()
+	if s.wdb != s.db {
+		s.wstmts.close()
+		s.wdb.Close()
+	}
 	return s.db.Close()
 }
 
@@ -130,12 +149,13 @@ func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 		s.writeMu.Lock()
 		defer s.writeMu.Unlock()
 	}
-	s.stmts.sent.Add(2) // BEGIN and COMMIT (or ROLLBACK)
-	tx, err := s.db.BeginTx(ctx, nil)
+	s.wstmts.sent.Add(2) // BEGIN and COMMIT (or ROLLBACK)
+	tx, err := s.wdb.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	t := &txn{tx: tx, cache: s.stmts}
+	t := &txn{tx: tx, cache: s.wstmts}
+	defer t.prepareMissed(context.WithoutCancel(ctx))
 	if err := fn(t); err != nil {
 		_ = tx.Rollback()
 		return err
