@@ -154,11 +154,7 @@ func TestReplaceRemoteDeviceListOnlyChangesOnDifference(t *testing.T) {
 func TestRevokedTokensStopAtOnce(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		ctx := context.Background()
-		s := open(t, db)
-		others := []*sqlstore.Store{s}
-		if db.Name == "postgres" {
-			others = append(others, open(t, db))
-		}
+		s, others := writerAndReaders(t, db)
 		owner := func(st *sqlstore.Store, hash string) error {
 			_, _, err := st.TokenOwner(ctx, hash)
 			return err
@@ -202,11 +198,7 @@ func TestRevokedTokensStopAtOnce(t *testing.T) {
 func TestDeviceChangesShowAtOnce(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		ctx := context.Background()
-		s := open(t, db)
-		readers := []*sqlstore.Store{s}
-		if db.Name == "postgres" {
-			readers = append(readers, open(t, db))
-		}
+		s, readers := writerAndReaders(t, db)
 		const u = "@a:x"
 		if _, err := s.CreateAccount(ctx, u, "h", &storage.NewLogin{UserID: u, DeviceID: "D1", TokenHash: "t1"}); err != nil {
 			t.Fatal(err)
@@ -263,4 +255,16 @@ func TestDeviceChangesShowAtOnce(t *testing.T) {
 		}
 		expect("deleted", map[string]string{"D1": `{"k":1}/Phone`})
 	})
+}
+
+// writerAndReaders opens the store that writes and the stores whose reads
+// must see its changes: itself, and on PostgreSQL a second store on the
+// same database that does not listen for changes.
+func writerAndReaders(t *testing.T, db testutil.Database) (*sqlstore.Store, []*sqlstore.Store) {
+	s := open(t, db)
+	readers := []*sqlstore.Store{s}
+	if db.Name == "postgres" {
+		readers = append(readers, open(t, db))
+	}
+	return s, readers
 }
