@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/tidwall/gjson"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
 )
@@ -37,7 +39,38 @@ func decodeBase64(s string) ([]byte, error) {
 }
 
 // canonical returns the canonical JSON of an object without "unsigned".
+// Most objects have neither "unsigned" nor a repeated member name, and are
+// made canonical as they are; the rest are decoded first, which drops
+// "unsigned" and keeps the last of repeated members, as a decoder does.
 func canonical(raw json.RawMessage) ([]byte, error) {
+	if plainObject(raw) {
+		return gomatrixserverlib.CanonicalJSON(raw)
+	}
+	return canonicalDecoded(raw)
+}
+
+// plainObject reports whether raw is an object whose top-level member names
+// are all distinct and none is "unsigned". Names are compared unescaped.
+func plainObject(raw []byte) bool {
+	v := gjson.ParseBytes(raw)
+	if !v.IsObject() {
+		return false
+	}
+	plain := true
+	var seen [8]string
+	names := seen[:0]
+	v.ForEach(func(k, _ gjson.Result) bool {
+		name := k.String()
+		if name == "unsigned" || slices.Contains(names, name) {
+			plain = false
+		}
+		names = append(names, name)
+		return plain
+	})
+	return plain
+}
+
+func canonicalDecoded(raw json.RawMessage) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package keyserver
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"encoding/json"
 	"strings"
@@ -271,6 +272,52 @@ func TestIDs(t *testing.T) {
 		server, ok := ParseUserID(tc.id)
 		if ok != tc.ok || server != tc.server {
 			t.Errorf("%q: %q %v", tc.id, server, ok)
+		}
+	}
+}
+
+// canonical takes a fast path for objects without "unsigned" or repeated
+// names; it must give exactly what decoding and re-encoding gives.
+func TestCanonicalFastPathMatchesDecoded(t *testing.T) {
+	inputs := []string{
+		`{"key":"<&>","signatures":{"@a:b":{"ed25519:X":"s"}}}`,
+		`{ "b" : 1 , "a" : "\u00e9\u2028\ud83d\ude00\n\"\\\/" , "c": [ 1, {"z":null,"y":true} ] }`,
+		`{"a":-0,"b":12345,"c":"\u001f\u007f"}`,
+		`{"é":1,"e":2,"\u00e9x":3}`,
+		`{}`,
+	}
+	v := loadRealClientKeys(t)
+	for _, c := range v.Clients {
+		inputs = append(inputs, string(c.DeviceKeys))
+		for _, k := range c.OneTimeKeys {
+			inputs = append(inputs, string(k))
+		}
+		for _, k := range c.FallbackKeys {
+			inputs = append(inputs, string(k))
+		}
+	}
+	for _, in := range inputs {
+		if !plainObject([]byte(in)) {
+			t.Fatalf("plainObject(%s) = false", in)
+		}
+		fast, err1 := canonical([]byte(in))
+		slow, err2 := canonicalDecoded([]byte(in))
+		if err1 != nil || err2 != nil || !bytes.Equal(fast, slow) {
+			t.Errorf("canonical(%s):\n fast %s (%v)\n slow %s (%v)", in, fast, err1, slow, err2)
+		}
+	}
+	// Objects the fast path must leave to decoding.
+	for in, want := range map[string]string{
+		`{"key":"k","unsigned":{"x":1}}`:          `{"key":"k"}`,
+		`{"key":"k","unsi\u0067ned":{"x":1}}`:     `{"key":"k"}`,
+		`{"key":"first","key":"last"}`:            `{"key":"last"}`,
+		`{"k\u0065y":"first","key":"last","a":1}`: `{"a":1,"key":"last"}`,
+	} {
+		if plainObject([]byte(in)) {
+			t.Errorf("plainObject(%s) = true", in)
+		}
+		if got, err := canonical([]byte(in)); err != nil || string(got) != want {
+			t.Errorf("canonical(%s) = %s, %v; want %s", in, got, err, want)
 		}
 	}
 }

@@ -24,6 +24,9 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -41,6 +44,7 @@ type options struct {
 	duration                    time.Duration
 	phases                      string
 	seed                        uint64
+	presign                     int
 }
 
 func main() {
@@ -54,10 +58,25 @@ func main() {
 	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
 	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order")
+	flag.IntVar(&o.presign, "presign", 60, "upload-phase bodies signed per device before the phases start, so that "+
+		"the tool's CPU during a phase goes to sending requests; more are signed as they are sent")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
 	fixed := flag.String("serve-fixed", "", "instead of measuring, serve fixed answers without a database on this `address`: "+
 		"measuring that server gives the ceiling set by the tool itself on this machine")
+	cpuProfile := flag.String("cpuprofile", "", "write the tool's own CPU profile to this `file`, to see what bounds it")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	if *fixed != "" {
 		if err := serveFixed(*fixed); err != nil {
 			fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
@@ -66,6 +85,7 @@ func main() {
 		return
 	}
 	if err := run(context.Background(), o, os.Stdout); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
 		os.Exit(1)
 	}
@@ -76,6 +96,22 @@ type device struct {
 	userID, deviceID, token string
 	key                     ed25519.PrivateKey
 	nextKey                 atomic.Int64
+	presigned               [][]byte // upload bodies signed in advance
+	nextPresigned           atomic.Int64
+}
+
+// uploadBody returns the body of an upload of n fresh one-time keys: one
+// signed in advance while they last, then one signed now.
+func (d *device) uploadBody(n int) []byte {
+	if i := d.nextPresigned.Add(1) - 1; i < int64(len(d.presigned)) {
+		return d.presigned[i]
+	}
+	return d.signedUpload(n)
+}
+
+func (d *device) signedUpload(n int) []byte {
+	body := append([]byte(`{"one_time_keys":`), d.oneTimeKeys(n)...)
+	return append(body, '}')
 }
 
 type bench struct {
@@ -124,10 +160,13 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	return nil
 }
 
-// do sends a JSON request and decodes a 200 answer.
+// do sends a JSON request (a value to encode, or []byte sent as it is) and
+// decodes a 200 answer.
 func (b *bench) do(ctx context.Context, method, path, token string, body, out any) error {
 	var rd io.Reader
-	if body != nil {
+	if raw, ok := body.([]byte); ok {
+		rd = bytes.NewReader(raw)
+	} else if body != nil {
 		js, err := json.Marshal(body)
 		if err != nil {
 			return err
@@ -173,14 +212,27 @@ func sign(obj map[string]any, d *device) map[string]any {
 	return o
 }
 
-func (d *device) oneTimeKeys(n int) map[string]any {
-	keys := map[string]any{}
+// oneTimeKeys returns n fresh signed one-time keys as a JSON object. It is
+// built as bytes and each key signed as it is sent, so that the tool's own
+// CPU goes to signing rather than to re-encoding maps.
+func (d *device) oneTimeKeys(n int) json.RawMessage {
+	keyID := gomatrixserverlib.KeyID("ed25519:" + d.deviceID)
+	body := make([]byte, 0, n*200)
+	body = append(body, '{')
+	k := make([]byte, 32)
 	for i := 0; i < n; i++ {
-		k := make([]byte, 32)
 		_, _ = rand.Read(k)
-		keys[fmt.Sprintf("signed_curve25519:B%08d", d.nextKey.Add(1))] = sign(map[string]any{"key": b64(k)}, d)
+		signed, err := gomatrixserverlib.SignJSON(d.userID, keyID, d.key, []byte(`{"key":"`+b64(k)+`"}`))
+		if err != nil {
+			panic(err) // a fixed, valid object always signs
+		}
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = fmt.Appendf(body, `"signed_curve25519:B%08d":`, d.nextKey.Add(1))
+		body = append(body, signed...)
 	}
-	return keys
+	return append(body, '}')
 }
 
 // setup registers the users and devices and uploads their keys, with the
@@ -229,7 +281,30 @@ func (b *bench) setup(ctx context.Context) error {
 		return b.devices[i].userID+b.devices[i].deviceID < b.devices[j].userID+b.devices[j].deviceID
 	})
 	sort.Strings(b.users)
+	b.presign()
 	return nil
+}
+
+// presign signs the upload bodies of the phases in advance, on every core.
+func (b *bench) presign() {
+	if !slices.ContainsFunc(strings.Split(b.o.phases, ","), func(p string) bool { return p == "upload" || p == "mixed" }) {
+		return
+	}
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(b.devices); i = int(next.Add(1) - 1) {
+				d := b.devices[i]
+				for j := 0; j < b.o.presign; j++ {
+					d.presigned = append(d.presigned, d.signedUpload(b.o.upload))
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
@@ -358,7 +433,7 @@ func (b *bench) claim(ctx context.Context, rng *mrand.Rand) error {
 
 func (b *bench) uploadKeys(ctx context.Context, rng *mrand.Rand) error {
 	d := b.devices[rng.IntN(len(b.devices))]
-	return b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, map[string]any{"one_time_keys": d.oneTimeKeys(b.o.upload)}, nil)
+	return b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), nil)
 }
 
 type phaseResult struct {
