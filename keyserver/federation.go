@@ -86,14 +86,7 @@ func (s *Service) FederationUserDevices(ctx context.Context, userID string) (fed
 	if !exists {
 		return fedclient.UserDevices{}, mxerr.NotFound("no such user")
 	}
-	// The stream position is read before the devices: a change landing in
-	// between is then both in the list and announced by an update after it,
-	// which the receiver applies harmlessly, rather than in neither.
-	streamID, err := s.db.DeviceListStreamID(ctx, userID)
-	if err != nil {
-		return fedclient.UserDevices{}, err
-	}
-	devices, err := s.db.DevicesWithKeys(ctx, []string{userID})
+	streamID, devices, err := s.db.UserDeviceList(ctx, userID)
 	if err != nil {
 		return fedclient.UserDevices{}, err
 	}

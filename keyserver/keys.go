@@ -125,6 +125,17 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 	if err != nil {
 		return storage.UploadResult{}, err
 	}
+	// The checks below use the stored keys. On the first attempt those come
+	// from the cache, which may not have heard of a change another daemon
+	// made yet: a check that fails then is repeated against the database
+	// before the client is told.
+	rejected := func(err error) error {
+		var mx *mxerr.Error
+		if attempt == 0 && errors.As(err, &mx) {
+			return errDeviceKeysMoved
+		}
+		return err
+	}
 	ed25519Key := ""
 	if storedKeys != nil {
 		var curveKey string
@@ -132,7 +143,7 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 			return storage.UploadResult{}, err
 		}
 		if dk != nil && (dk.Ed25519() != ed25519Key || dk.Curve25519() != curveKey) {
-			return storage.UploadResult{}, mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID)
+			return storage.UploadResult{}, rejected(mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID))
 		}
 	}
 	if dk != nil {
@@ -151,11 +162,11 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 	}
 	checkedOTKs, err := check("one_time_keys", otks)
 	if err != nil {
-		return storage.UploadResult{}, err
+		return storage.UploadResult{}, rejected(err)
 	}
 	checkedFallbacks, err := check("fallback_keys", fallbacks)
 	if err != nil {
-		return storage.UploadResult{}, err
+		return storage.UploadResult{}, rejected(err)
 	}
 
 	decide := func(st storage.KeyState) (storage.KeyWrite, error) {
@@ -395,10 +406,11 @@ func withDisplayName(keyJSON []byte, name *string) (json.RawMessage, error) {
 	if name == nil {
 		return keyJSON, nil
 	}
-	// Keys this server stored are a JSON object without "unsigned" (it is
-	// removed on upload), so the member can be added at the end without
-	// decoding the object; anything else is decoded and encoded again.
-	if n := len(keyJSON); n > 2 && keyJSON[0] == '{' && keyJSON[n-1] == '}' && !bytes.Contains(keyJSON, []byte(`"unsigned"`)) {
+	// Keys this server stored are a canonical JSON object with members and
+	// without "unsigned" (it is removed on upload), so the member can be
+	// added at the end without decoding the object; anything else is
+	// decoded and encoded again.
+	if n := len(keyJSON); n > 2 && keyJSON[0] == '{' && keyJSON[1] == '"' && keyJSON[n-1] == '}' && !bytes.Contains(keyJSON, []byte(`"unsigned"`)) {
 		out := make([]byte, 0, n+40+len(*name))
 		out = append(out, keyJSON[:n-1]...)
 		out = append(out, `,"unsigned":{"device_display_name":`...)

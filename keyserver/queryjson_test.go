@@ -36,8 +36,9 @@ func TestQueryResponseAppendJSON(t *testing.T) {
 	}
 }
 
-// appendString writes the same string json.Marshal does, escaped where
-// JSON needs it.
+// appendString writes a JSON string that reads back as the same string
+// json.Marshal's does (it leaves <, > and & unescaped, as canonical JSON
+// does).
 func TestAppendString(t *testing.T) {
 	for _, s := range []string{"", "@alice:example.org", "DEVICE", `a"b`, `back\slash`, "tab\there", "nul\x00", "é ü 日本", "<html>&", "\x7f", string([]byte{0xff, 'a'})} {
 		got := appendString([]byte("x"), s)
@@ -63,6 +64,8 @@ func TestWithDisplayName(t *testing.T) {
 		{`{"device_id":"D"}`, `Bob's "work" laptop é`, `{"device_id":"D","unsigned":{"device_display_name":"Bob's \"work\" laptop é"}}`},
 		{`{"device_id":"D","unsigned":{"x":1}}`, "N", `{"device_id":"D","unsigned":{"device_display_name":"N"}}`},
 		{`{}`, "N", `{"unsigned":{"device_display_name":"N"}}`},
+		{`{ }`, "N", `{"unsigned":{"device_display_name":"N"}}`},
+		{` {"a":1} `, "N", `{"a":1,"unsigned":{"device_display_name":"N"}}`},
 	} {
 		name := tc.name
 		got, err := withDisplayName([]byte(tc.keys), &name)

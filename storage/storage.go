@@ -228,7 +228,8 @@ type Database interface {
 	UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
 		decide func(KeyState) (KeyWrite, error)) (UploadResult, error)
 	// DevicesWithKeys returns the devices of the given users that have
-	// uploaded identity keys, in one round trip.
+	// uploaded identity keys, in at most one round trip. The devices may be
+	// shared with a cache: callers must not modify them.
 	DevicesWithKeys(ctx context.Context, userIDs []string) ([]Device, error)
 	ClaimKeys(ctx context.Context, reqs []ClaimRequest) ([]ClaimedKey, error)
 	KeyCounts(ctx context.Context, userID, deviceID string) (counts map[string]int, unusedFallback []string, err error)
@@ -241,9 +242,10 @@ type Database interface {
 	// in NewlyStale) and forgets those who no longer share any.
 	SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (MembershipResult, error)
 
-	// The stream_id /user/devices reports for a local user: the position of
-	// their newest device-list change.
-	DeviceListStreamID(ctx context.Context, userID string) (int64, error)
+	// UserDeviceList returns what /user/devices reports for a local user:
+	// the position of their newest device-list change, then their devices
+	// with keys, both read from the database and never from a cache.
+	UserDeviceList(ctx context.Context, userID string) (int64, []Device, error)
 
 	// Federation: other servers' keys and the cache of remote device lists.
 	ServerKeys(ctx context.Context, serverName string, keyIDs []string) ([]ServerKey, error)
@@ -291,8 +293,9 @@ type Database interface {
 
 	// WatchStream calls advanced whenever the stream advances, also by
 	// other daemons sharing the database, until ctx ends. While it runs it
-	// also hears the other daemons' token revocations, which is what lets a
-	// shared database's token lookups be cached.
+	// also hears the other daemons' token revocations and device changes,
+	// which is what lets a shared database's token lookups and device
+	// lists be cached.
 	WatchStream(ctx context.Context, advanced func()) error
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error

@@ -5,6 +5,7 @@ package httpx
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -70,7 +71,8 @@ func JSON(w http.ResponseWriter, status int, v any) {
 const StatusClientClosedRequest = 499
 
 // Error writes err as a Matrix error. An *mxerr.Error is the caller's
-// mistake and goes out as it is; anything else is logged and answered 500
+// mistake and goes out as it is. If the client has gone, nobody reads the
+// answer: it is recorded as 499. Anything else is logged and answered 500
 // M_UNKNOWN without its details.
 func Error(w http.ResponseWriter, r *http.Request, err error) {
 	var me *mxerr.Error
@@ -79,10 +81,15 @@ func Error(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	if r.Context().Err() != nil {
-		// The client went away (or the server is stopping) and the work
-		// was cut short: nothing an operator needs to act on, and nobody
-		// reads the answer. 499 is the status proxies log for it.
-		Logger(r).WithError(err).Debug("request abandoned by the client")
+		// 499 is the status proxies log for it. Work cut short by the
+		// departure is nothing to act on; a failure of another kind is
+		// still worth a warning (it may be why the client gave up).
+		l := Logger(r).WithError(err)
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			l.Debug("request abandoned by the client")
+		} else {
+			l.Warn("request failed after its client left")
+		}
 		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}

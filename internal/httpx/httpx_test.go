@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -123,21 +124,30 @@ func TestReadBodyCap(t *testing.T) {
 // A request its client abandoned is not a server error: no error line,
 // and 499 is recorded.
 func TestErrorOfAbandonedRequest(t *testing.T) {
-	var logs bytes.Buffer
-	log := logrus.New()
-	log.SetOutput(&logs)
-	log.SetLevel(logrus.InfoLevel)
-	h := Middleware(log, "test", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		Error(w, r, r.Context().Err())
-	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest("POST", "/keys/upload", nil).WithContext(ctx))
-	if rec.Code != StatusClientClosedRequest {
-		t.Fatalf("status %d", rec.Code)
-	}
-	if strings.Contains(logs.String(), "level=error") {
-		t.Fatalf("an abandoned request was logged as an error: %s", logs.String())
+	for _, c := range []struct {
+		err       error
+		wantLevel string
+	}{
+		{context.Canceled, "level=debug"},
+		{fmt.Errorf("query: %w", context.DeadlineExceeded), "level=debug"},
+		{errors.New("disk I/O error"), "level=warning"},
+	} {
+		var logs bytes.Buffer
+		log := logrus.New()
+		log.SetOutput(&logs)
+		log.SetLevel(logrus.DebugLevel)
+		h := Middleware(log, "test", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			Error(w, r, c.err)
+		}))
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/keys/upload", nil).WithContext(ctx))
+		if rec.Code != StatusClientClosedRequest {
+			t.Fatalf("%v: status %d", c.err, rec.Code)
+		}
+		if strings.Contains(logs.String(), "level=error") || !strings.Contains(logs.String(), c.wantLevel+` msg="request`) {
+			t.Fatalf("%v: want it logged at %s, not as an error: %s", c.err, c.wantLevel, logs.String())
+		}
 	}
 }

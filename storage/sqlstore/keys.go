@@ -61,6 +61,10 @@ func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTime
 	return res, err
 }
 
+// maxAlgorithmTerms is how many algorithms an upload may name before the
+// lookup of its existing keys stops using one indexed term per algorithm.
+const maxAlgorithmTerms = 8
+
 func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, otkIDs []string) (storage.KeyState, error) {
 	st := storage.KeyState{
 		ExistingOneTimeKeys: map[string][]byte{},
@@ -85,11 +89,21 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 		WHERE user_id = $1 AND device_id = $2`
 	params := []any{userID, deviceID}
 	// The named keys already stored: one IN list of key IDs per algorithm,
-	// so that each is a lookup in the unique index.
+	// so that each is a lookup in the unique index. A request naming many
+	// algorithms (SQLite allows 500 terms in a compound SELECT) matches the
+	// full names in one term instead, scanning the device's keys.
 	byAlg := map[string][]string{}
 	for _, full := range otkIDs {
 		alg, id, _ := strings.Cut(full, ":")
 		byAlg[alg] = append(byAlg[alg], id)
+	}
+	if len(byAlg) > maxAlgorithmTerms {
+		query += `
+		UNION ALL
+		SELECT 'existing', algorithm, key_id, key_json, 0 FROM one_time_keys
+		WHERE user_id = $1 AND device_id = $2 AND algorithm || ':' || key_id IN (` + placeholders(3, len(otkIDs)) + `)`
+		params = args(params, otkIDs)
+		byAlg = nil
 	}
 	algs := make([]string, 0, len(byAlg))
 	for alg := range byAlg {

@@ -7,11 +7,17 @@ import (
 	"sync/atomic"
 )
 
-// maxPrepared bounds how many distinct SQL texts are kept prepared. The
-// store's SQL is fixed text apart from IN lists and multi-row INSERTs, whose
-// text varies with their length; the common lengths come first and stay
-// prepared, and anything past the bound simply runs unprepared.
-const maxPrepared = 512
+// maxPrepared bounds how many distinct SQL texts are kept prepared, and
+// maxPreparedArgs which: the store's SQL is fixed text apart from IN lists
+// and multi-row INSERTs, whose text varies with their length. Short ones
+// (the hot paths: a query's users, an upload's few keys) are prepared on
+// first use; long ones are rare shapes, not worth a prepared statement per
+// pooled connection, and run unprepared. Once the bound is reached any new
+// text runs unprepared, so odd requests cannot grow the cache.
+const (
+	maxPrepared     = 512
+	maxPreparedArgs = 64
+)
 
 // stmtCache prepares each distinct SQL text once for the pool and keeps it.
 // A prepared statement saves the parse and plan on every execution, and on
@@ -24,6 +30,7 @@ type stmtCache struct {
 	stmts sync.Map // SQL text -> *sql.Stmt; read without locking
 	mu    sync.Mutex
 	n     int
+	full  atomic.Bool // n reached maxPrepared: no more are prepared
 	// sent counts the statements sent to the database, prepared or not,
 	// transaction begins and ends included: each is a round trip.
 	sent atomic.Int64
@@ -38,12 +45,19 @@ func (c *stmtCache) lookup(query string) (*sql.Stmt, bool) {
 	return st.(*sql.Stmt), true
 }
 
-// get returns the prepared statement for query, preparing it on first use,
-// or nil once the cache is full.
-func (c *stmtCache) get(ctx context.Context, query string) (*sql.Stmt, error) {
+// get counts a statement sent and returns its prepared form, preparing it
+// on first use; nil means it runs unprepared (see maxPrepared).
+func (c *stmtCache) get(ctx context.Context, query string, nargs int) (*sql.Stmt, error) {
 	c.sent.Add(1)
+	return c.prepare(ctx, query, nargs)
+}
+
+func (c *stmtCache) prepare(ctx context.Context, query string, nargs int) (*sql.Stmt, error) {
 	if st, ok := c.stmts.Load(query); ok {
 		return st.(*sql.Stmt), nil
+	}
+	if nargs > maxPreparedArgs || c.full.Load() {
+		return nil, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -51,6 +65,7 @@ func (c *stmtCache) get(ctx context.Context, query string) (*sql.Stmt, error) {
 		return st.(*sql.Stmt), nil
 	}
 	if c.n >= maxPrepared {
+		c.full.Store(true)
 		return nil, nil
 	}
 	st, err := c.db.PrepareContext(ctx, query)
@@ -77,7 +92,7 @@ type pool struct {
 }
 
 func (p pool) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := p.cache.get(ctx, query)
+	st, err := p.cache.get(ctx, query, len(args))
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +104,7 @@ func (p pool) QueryContext(ctx context.Context, query string, args ...any) (*sql
 
 // QueryRowContext returns a row whose Scan reports a failure to prepare.
 func (p pool) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := p.cache.get(ctx, query)
+	st, err := p.cache.get(ctx, query, len(args))
 	if err != nil || st == nil {
 		// database/sql has no way to build a *sql.Row holding an error;
 		// running the query unprepared reports the same error, or runs it
@@ -100,7 +115,7 @@ func (p pool) QueryRowContext(ctx context.Context, query string, args ...any) *s
 }
 
 func (p pool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	st, err := p.cache.get(ctx, query)
+	st, err := p.cache.get(ctx, query, len(args))
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +126,9 @@ func (p pool) ExecContext(ctx context.Context, query string, args ...any) (sql.R
 }
 
 // txn is a transaction that runs its statements through the cache. A
-// statement already prepared on the transaction's connection is reused.
+// statement the pool has prepared runs through the transaction (database/sql
+// prepares it on the transaction's connection the first time that
+// connection runs it).
 type txn struct {
 	tx    *sql.Tx
 	cache *stmtCache
@@ -119,7 +136,7 @@ type txn struct {
 	// follow the commit and never precede it (dropping cached state).
 	afterCommit []func()
 	// missed are the statements run unprepared (see stmt).
-	missed []string
+	missed []missedStmt
 }
 
 // onCommit registers f to run after the transaction commits.
@@ -130,54 +147,49 @@ func (t *txn) onCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 // here could wait for the very connection the transaction holds (SQLite's
 // write pool has one), so it runs unprepared this once and is prepared
 // after the transaction ends (see prepareMissed).
-func (t *txn) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+func (t *txn) stmt(ctx context.Context, query string, nargs int) *sql.Stmt {
+	t.cache.sent.Add(1)
 	st, ok := t.cache.lookup(query)
 	if !ok {
-		t.cache.sent.Add(1)
-		t.missed = append(t.missed, query)
-		return nil, nil
+		if nargs <= maxPreparedArgs {
+			t.missed = append(t.missed, missedStmt{query, nargs})
+		}
+		return nil
 	}
-	t.cache.sent.Add(1)
-	return t.tx.StmtContext(ctx, st), nil
+	return t.tx.StmtContext(ctx, st)
+}
+
+type missedStmt struct {
+	query string
+	nargs int
 }
 
 // prepareMissed prepares the statements the transaction ran unprepared,
-// once its connection is back in the pool.
+// once its connection is back in the pool. A statement that fails to
+// prepare is simply tried again the next time it runs.
 func (t *txn) prepareMissed(ctx context.Context) {
-	for _, q := range t.missed {
-		if _, err := t.cache.get(ctx, q); err != nil {
-			return // the statement failed in the transaction too
-		}
-		t.cache.sent.Add(-1) // preparing is not running it
+	for _, m := range t.missed {
+		_, _ = t.cache.prepare(ctx, m.query, m.nargs)
 	}
 }
 
 func (t *txn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := t.stmt(ctx, query)
-	if err != nil {
-		return nil, err
+	if st := t.stmt(ctx, query, len(args)); st != nil {
+		return st.QueryContext(ctx, args...)
 	}
-	if st == nil {
-		return t.tx.QueryContext(ctx, query, args...)
-	}
-	return st.QueryContext(ctx, args...)
+	return t.tx.QueryContext(ctx, query, args...)
 }
 
 func (t *txn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := t.stmt(ctx, query)
-	if err != nil || st == nil {
-		return t.tx.QueryRowContext(ctx, query, args...)
+	if st := t.stmt(ctx, query, len(args)); st != nil {
+		return st.QueryRowContext(ctx, args...)
 	}
-	return st.QueryRowContext(ctx, args...)
+	return t.tx.QueryRowContext(ctx, query, args...)
 }
 
 func (t *txn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	st, err := t.stmt(ctx, query)
-	if err != nil {
-		return nil, err
+	if st := t.stmt(ctx, query, len(args)); st != nil {
+		return st.ExecContext(ctx, args...)
 	}
-	if st == nil {
-		return t.tx.ExecContext(ctx, query, args...)
-	}
-	return st.ExecContext(ctx, args...)
+	return t.tx.ExecContext(ctx, query, args...)
 }

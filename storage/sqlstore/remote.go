@@ -9,12 +9,22 @@ import (
 	"github.com/keyserver/keyserver/storage"
 )
 
-// DeviceListStreamID returns the position of the user's newest device-list
-// change, 0 when there is none.
-func (s *Store) DeviceListStreamID(ctx context.Context, userID string) (int64, error) {
+// UserDeviceList returns what /user/devices reports for a local user: the
+// position of their newest device-list change (0 when none) and their
+// devices with keys. Both are read from the database, never from the
+// device cache: a cached list older than the position would be announced
+// as current, and the update carrying the change then dropped as already
+// seen. The position is read first, so a change landing in between is in
+// the list and announced again after it, never in neither.
+func (s *Store) UserDeviceList(ctx context.Context, userID string) (int64, []storage.Device, error) {
 	var id sql.NullInt64
 	err := s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1`, userID).Scan(&id)
-	return id.Int64, err
+	if err != nil {
+		return 0, nil, err
+	}
+	devices, err := s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices
+		WHERE key_json IS NOT NULL AND user_id = $1`, userID)
+	return id.Int64, devices, err
 }
 
 // ServerKeys returns the cached keys of a server among keyIDs.

@@ -155,9 +155,14 @@ func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 		return err
 	}
 	t := &txn{tx: tx, cache: s.wstmts}
-	defer t.prepareMissed(context.WithoutCancel(ctx))
-	if err := fn(t); err != nil {
+	defer func() {
+		// The connection goes back to the pool first, even if fn panicked:
+		// preparing may need it (SQLite's write pool has only this one).
+		// After a commit the rollback does nothing.
 		_ = tx.Rollback()
+		t.prepareMissed(context.WithoutCancel(ctx))
+	}()
+	if err := fn(t); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -219,19 +224,28 @@ func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
 		<-ctx.Done()
 		return nil
 	}
-	l := postgres.NewListener(s.uri, func(connected bool) {
-		// While the connection is down changes go unheard; once it is back
-		// (and listening again) the caches restart empty.
-		s.setCachesEnabled(connected)
-	})
-	defer s.setCachesEnabled(false)
+	// The caches are on while the listener is both listening and
+	// connected. While the connection is down changes go unheard; once it
+	// is back (and listening again) the caches restart empty. The listener
+	// reports a drop even before the first Listen returns, so both facts
+	// are kept rather than the last event.
+	var mu sync.Mutex
+	connected, listening := true, false
+	set := func(f func()) {
+		mu.Lock()
+		defer mu.Unlock()
+		f()
+		s.setCachesEnabled(connected && listening)
+	}
+	l := postgres.NewListener(s.uri, func(up bool) { set(func() { connected = up }) })
+	defer set(func() { listening = false })
 	defer l.Close()
 	for _, ch := range []string{streamChannel, tokensChannel, devicesChannel} {
 		if err := l.Listen(ch); err != nil {
 			return err
 		}
 	}
-	s.setCachesEnabled(true)
+	set(func() { listening = true })
 	for {
 		select {
 		case <-ctx.Done():

@@ -257,14 +257,65 @@ func TestDeviceChangesShowAtOnce(t *testing.T) {
 	})
 }
 
-// writerAndReaders opens the store that writes and the stores whose reads
-// must see its changes: itself, and on PostgreSQL a second store on the
-// same database that does not listen for changes.
+// writerAndReaders opens the store that writes, with its caches on, and
+// the stores whose reads must see its changes: itself, and on PostgreSQL a
+// second store on the same database that does not listen for changes.
 func writerAndReaders(t *testing.T, db testutil.Database) (*sqlstore.Store, []*sqlstore.Store) {
 	s := open(t, db)
 	readers := []*sqlstore.Store{s}
 	if db.Name == "postgres" {
+		// PostgreSQL's caches are on only while the store listens.
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = s.WatchStream(ctx, func() {})
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		testutil.Eventually(t, "the writer's caches are on", s.CachesOn)
 		readers = append(readers, open(t, db))
 	}
 	return s, readers
+}
+
+// An upload may name hundreds of algorithms (SQLite bounds the terms of a
+// compound SELECT at 500); its keys are stored, and found again on a
+// second upload of the same names.
+func TestUploadNamingManyAlgorithms(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		const u = "@a:x"
+		if _, err := s.CreateAccount(ctx, u, "h", &storage.NewLogin{UserID: u, DeviceID: "D1", TokenHash: "t1"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{3, 499} {
+			var ids []string
+			var keys []storage.Key
+			for i := 0; i < n; i++ {
+				alg := "alg" + strconv.Itoa(n) + "_" + strconv.Itoa(i)
+				ids = append(ids, alg+":K")
+				keys = append(keys, storage.Key{Algorithm: alg, KeyID: "K", JSON: []byte(`"` + alg + `"`)})
+			}
+			for round, want := range []int{0, n} {
+				_, err := s.UploadKeys(ctx, u, "D1", ids, func(st storage.KeyState) (storage.KeyWrite, error) {
+					if len(st.ExistingOneTimeKeys) != want {
+						return storage.KeyWrite{}, errors.New("existing keys: " + strconv.Itoa(len(st.ExistingOneTimeKeys)) + ", want " + strconv.Itoa(want))
+					}
+					for _, k := range keys {
+						if old, ok := st.ExistingOneTimeKeys[k.Algorithm+":K"]; ok && string(old) != string(k.JSON) {
+							return storage.KeyWrite{}, errors.New("existing " + k.Algorithm + " is " + string(old))
+						}
+					}
+					if want > 0 {
+						return storage.KeyWrite{}, nil
+					}
+					return storage.KeyWrite{OneTimeKeys: keys}, nil
+				})
+				if err != nil {
+					t.Fatalf("%d algorithms, upload %d: %v", n, round+1, err)
+				}
+			}
+		}
+	})
 }

@@ -1,7 +1,6 @@
-// Package testutil is what the tests of several packages share: a database
-// of each kind per test, a running client API, and a client that signs its
-// keys as real clients do.
-package testutil
+// Package testdb gives tests a fresh database of each kind. It imports
+// nothing of the project, so the store's own tests can use it too.
+package testdb
 
 import (
 	"crypto/rand"
