@@ -42,8 +42,10 @@ type dialect struct {
 type Store struct {
 	db *sql.DB
 	// wdb runs the write transactions: db itself on PostgreSQL, a pool of
-	// one connection on SQLite (see sqlite3.Open).
+	// one connection on SQLite (see sqlite3.DB).
 	wdb *sql.DB
+	// closeDB closes both.
+	closeDB func() error
 	// q runs the store's statements on db, prepared once and reused;
 	// wstmts are the write pool's prepared statements.
 	q      pool
@@ -69,20 +71,24 @@ var _ storage.Database = (*Store)(nil)
 func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	var (
 		db, wdb *sql.DB
+		closeDB func() error
 		d       dialect
 		err     error
 	)
 	switch {
 	case postgres.IsURI(uri):
 		db, err = postgres.Open(uri)
-		wdb = db
+		wdb, closeDB = db, db.Close
 		d = dialect{
 			name: "postgres", types: postgres.Types,
 			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
 			isUniqueViolation: postgres.IsUniqueViolation,
 		}
 	case sqlite3.IsURI(uri):
-		db, wdb, err = sqlite3.Open(uri)
+		var lite *sqlite3.DB
+		if lite, err = sqlite3.Open(uri); err == nil {
+			db, wdb, closeDB = lite.Read, lite.Write, lite.Close
+		}
 		d = dialect{
 			name: "sqlite3", types: sqlite3.Types,
 			serialWrites: true, isUniqueViolation: sqlite3.IsUniqueViolation,
@@ -97,7 +103,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if wdb == db {
 		wcache = cache
 	}
-	s := &Store{db: db, wdb: wdb, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
+	s := &Store{db: db, wdb: wdb, closeDB: closeDB, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
 		// An SQLite database belongs to one daemon, which sees every
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
@@ -133,14 +139,13 @@ func (s *Store) StatementsSent() int64 {
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
-// Close closes the pool.
+// Close closes the pools.
 func (s *Store) Close() error {
 	s.stmts.close()
-	if s.wdb != s.db {
+	if s.wstmts != s.stmts {
 		s.wstmts.close()
-		s.wdb.Close()
 	}
-	return s.db.Close()
+	return s.closeDB()
 }
 
 // write runs fn in one transaction, committing when it returns nil.
