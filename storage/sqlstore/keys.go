@@ -176,35 +176,51 @@ func insertOneTimeKeys(ctx context.Context, tx *txn, userID, deviceID string, ke
 // that returns it so no key is ever handed out twice; when none is left,
 // the fallback key, which stays stored and is marked used. Requests that
 // find neither are left out of the result.
+//
+// A claim of a single key needs no transaction around its statement: the
+// statement is one by itself, and PostgreSQL is spared the round trips of
+// BEGIN and COMMIT.
 func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
 	var out []storage.ClaimedKey
-	claimOTK := `DELETE FROM one_time_keys WHERE id = (
-		SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
-		ORDER BY id LIMIT 1` + s.d.skipLocked + `)
-		RETURNING key_id, key_json`
-	const claimFallback = `UPDATE fallback_keys SET used = TRUE
-		WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
-		RETURNING key_id, key_json`
-	err := s.write(ctx, func(tx *txn) error {
+	claim := func(q querier) error {
 		out = out[:0]
 		for _, r := range reqs {
-			c := storage.ClaimedKey{UserID: r.UserID, DeviceID: r.DeviceID, Key: storage.Key{Algorithm: r.Algorithm}}
-			err := tx.QueryRowContext(ctx, claimOTK, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
-			if err == sql.ErrNoRows {
-				c.Fallback = true
-				err = tx.QueryRowContext(ctx, claimFallback, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
-				if err == sql.ErrNoRows {
-					continue
-				}
-			}
+			c, ok, err := s.claimKey(ctx, q, r)
 			if err != nil {
 				return err
 			}
-			out = append(out, c)
+			if ok {
+				out = append(out, c)
+			}
 		}
 		return nil
-	})
+	}
+	var err error
+	if len(reqs) == 1 {
+		err = s.writeStatements(ctx, func(q pool) error { return claim(q) })
+	} else {
+		err = s.write(ctx, func(tx *txn) error { return claim(tx) })
+	}
 	return out, err
+}
+
+// claimKey claims one key: a one-time key, or failing that the fallback.
+func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest) (storage.ClaimedKey, bool, error) {
+	c := storage.ClaimedKey{UserID: r.UserID, DeviceID: r.DeviceID, Key: storage.Key{Algorithm: r.Algorithm}}
+	err := q.QueryRowContext(ctx, `DELETE FROM one_time_keys WHERE id = (
+		SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
+		ORDER BY id LIMIT 1`+s.d.skipLocked+`)
+		RETURNING key_id, key_json`, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
+	if err == sql.ErrNoRows {
+		c.Fallback = true
+		err = q.QueryRowContext(ctx, `UPDATE fallback_keys SET used = TRUE
+			WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
+			RETURNING key_id, key_json`, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
+		if err == sql.ErrNoRows {
+			return c, false, nil
+		}
+	}
+	return c, err == nil, err
 }
 
 // KeyCounts returns a device's unclaimed one-time keys per algorithm and the

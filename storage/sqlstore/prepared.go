@@ -84,6 +84,15 @@ func (c *stmtCache) close() {
 	})
 }
 
+// querier runs statements: a pool or a transaction.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+var _, _ querier = pool{}, (*txn)(nil)
+
 // pool runs statements on the connection pool through the cache. It has
 // the method set of *sql.DB that the store uses, so call sites read the same.
 type pool struct {

@@ -148,6 +148,17 @@ func (s *Store) Close() error {
 	return s.closeDB()
 }
 
+// writeStatements runs fn's statements on the write pool without a
+// transaction around them, each one a transaction by itself; on SQLite
+// they still take their turn with the write transactions.
+func (s *Store) writeStatements(ctx context.Context, fn func(q pool) error) error {
+	if s.d.serialWrites {
+		s.writeMu.Lock()
+		defer s.writeMu.Unlock()
+	}
+	return fn(pool{db: s.wdb, cache: s.wstmts})
+}
+
 // write runs fn in one transaction, committing when it returns nil.
 func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 	if s.d.serialWrites {
