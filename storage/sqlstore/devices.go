@@ -119,7 +119,9 @@ func (s *Store) Device(ctx context.Context, userID, deviceID string) (storage.De
 // DevicesWithKeys returns the devices of the given users that have uploaded
 // identity keys: from the device cache, and for the users it lacks from a
 // single query however many they are. The devices returned may be shared
-// with the cache and must not be modified.
+// with the cache and must not be modified. Their last-seen fields may be
+// older than the database's: a login to an existing device updates them
+// without dropping the cache, as nothing that reads this list shows them.
 func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) ([]storage.Device, error) {
 	var out []storage.Device
 	var missing []string
