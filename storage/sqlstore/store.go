@@ -42,10 +42,8 @@ type dialect struct {
 type Store struct {
 	db *sql.DB
 	// wdb runs the write transactions: db itself on PostgreSQL, a pool of
-	// one connection on SQLite (see sqlite3.DB).
+	// one connection on SQLite (see sqlite3.Open).
 	wdb *sql.DB
-	// closeDB closes both.
-	closeDB func() error
 	// q runs the store's statements on db, prepared once and reused;
 	// wstmts are the write pool's prepared statements.
 	q      pool
@@ -71,24 +69,20 @@ var _ storage.Database = (*Store)(nil)
 func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	var (
 		db, wdb *sql.DB
-		closeDB func() error
 		d       dialect
 		err     error
 	)
 	switch {
 	case postgres.IsURI(uri):
 		db, err = postgres.Open(uri)
-		wdb, closeDB = db, db.Close
+		wdb = db
 		d = dialect{
 			name: "postgres", types: postgres.Types,
 			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
 			isUniqueViolation: postgres.IsUniqueViolation,
 		}
 	case sqlite3.IsURI(uri):
-		var lite *sqlite3.DB
-		if lite, err = sqlite3.Open(uri); err == nil {
-			db, wdb, closeDB = lite.Read, lite.Write, lite.Close
-		}
+		db, wdb, err = sqlite3.Open(uri)
 		d = dialect{
 			name: "sqlite3", types: sqlite3.Types,
 			serialWrites: true, isUniqueViolation: sqlite3.IsUniqueViolation,
@@ -103,7 +97,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if wdb == db {
 		wcache = cache
 	}
-	s := &Store{db: db, wdb: wdb, closeDB: closeDB, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
+	s := &Store{db: db, wdb: wdb, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
 		// An SQLite database belongs to one daemon, which sees every
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
@@ -139,13 +133,14 @@ func (s *Store) StatementsSent() int64 {
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 
-// Close closes the pools.
+// Close closes the pool.
 func (s *Store) Close() error {
 	s.stmts.close()
-	if s.wstmts != s.stmts {
+	if s.wdb != s.db {
 		s.wstmts.close()
+		s.wdb.Close()
 	}
-	return s.closeDB()
+	return s.db.Close()
 }
 
 // writeStatements runs fn's statements on the write pool without a
