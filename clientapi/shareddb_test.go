@@ -1,6 +1,7 @@
 package clientapi_test
 
 import (
+	"database/sql"
 	"net/http"
 	"testing"
 	"time"
@@ -36,6 +37,27 @@ func TestSharedDatabaseRevokesTokens(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+
+	// First, proof that a2 answers from its cache (which it turns on once
+	// it listens): a token it has looked up still works there after its
+	// row is deleted behind the daemons' backs, with no notification.
+	// Without that proof the revocations below could pass uncached.
+	sqlDB, err := sql.Open("postgres", db.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	bob := a1.Register(t, "bob", "")
+	testutil.Eventually(t, "a2 answers from its token cache", func() bool {
+		b := a1.Login(t, bob, "")
+		if r := whoami(a2, b.Token); r.Status != http.StatusOK {
+			t.Fatalf("whoami on the other daemon: %d %s", r.Status, r.Raw)
+		}
+		if _, err := sqlDB.Exec(`DELETE FROM access_tokens WHERE device_id = $1`, b.DeviceID); err != nil {
+			t.Fatal(err)
+		}
+		return whoami(a2, b.Token).Status == http.StatusOK
+	})
 
 	alice := a1.Register(t, "alice", "")
 	for i := 0; i < 2; i++ { // the second answer comes from a2's cache
