@@ -2,6 +2,7 @@ package federationapi_test
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -225,6 +226,31 @@ func TestSharedDatabaseWakesSync(t *testing.T) {
 	bob := a1.Register(t, "bob", "")
 	a1.Join(t, "!room:x", alice.UserID)
 	a1.Join(t, "!room:x", bob.UserID)
+	// First, proof that a2 answers queries from its device cache (which it
+	// turns on once it listens): keys written behind the daemons' backs,
+	// with no notification, stay unseen there. Without that proof the
+	// check after the sync below could pass uncached.
+	sqlDB, err := sql.Open("postgres", db.URI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	carol := a1.Register(t, "carol", "")
+	setKeys := func(keys any) {
+		if _, err := sqlDB.Exec(`UPDATE devices SET key_json = $1 WHERE user_id = $2`, keys, carol.UserID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "a2 to answer from its device cache", func() bool {
+		if got := deviceIDs(t, a2, alice, carol.UserID); len(got) != 0 {
+			t.Fatalf("carol has keys before any were written: %v", got)
+		}
+		setKeys(`{"device_id":"` + carol.DeviceID + `"}`)
+		cached := len(deviceIDs(t, a2, alice, carol.UserID)) == 0
+		setKeys(nil)
+		return cached
+	})
+
 	since := syncToken(t, a2, alice)
 	done := make(chan testutil.Response, 1)
 	go func() {
