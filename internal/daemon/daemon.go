@@ -55,6 +55,9 @@ type Daemon struct {
 func (d *Daemon) startMetrics(cfg *config.Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewDBStatsCollector(d.store.DB(), d.store.Dialect()))
+	if w := d.store.WriteDB(); w != d.store.DB() { // SQLite's single writer
+		reg.MustRegister(collectors.NewDBStatsCollector(w, d.store.Dialect()+"_writer"))
+	}
 	gauge := func(name, help string, read func(ctx context.Context) (float64, error)) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -120,6 +120,10 @@ func (s *Store) Dialect() string { return s.d.name }
 // DB exposes the pool, for health checks and tests.
 func (s *Store) DB() *sql.DB { return s.db }
 
+// WriteDB exposes the pool of the write transactions (DB itself on
+// PostgreSQL), for its metrics.
+func (s *Store) WriteDB() *sql.DB { return s.wdb }
+
 // StatementsSent counts the statements this store has sent to the
 // database since it was opened, transaction begins and ends included.
 func (s *Store) StatementsSent() int64 {
