@@ -16,7 +16,8 @@ func TestBenchAgainstServer(t *testing.T) {
 	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
 	var out bytes.Buffer
 	o := options{url: srv.URL, users: 4, devices: 2, otks: 5, clients: 2, queryUsers: 3, upload: 2,
-		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed", seed: 1}
+		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed", seed: 1,
+		presign: 3} // few enough that uploads also sign keys as they go
 	if err := run(context.Background(), o, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
