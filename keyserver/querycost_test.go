@@ -4,15 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"testing"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
-	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
 // A local /keys/query sends at most one SQL statement however many users
@@ -20,14 +16,7 @@ import (
 func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, tdb testutil.Database) {
 		ctx := context.Background()
-		store, err := sqlstore.Open(ctx, tdb.URI, "local.test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		log := logrus.New()
-		log.SetOutput(io.Discard)
-		svc := keyserver.New(store, keyserver.Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+		store, svc := openService(ctx, t, tdb.URI)
 		users := map[string][]string{}
 		for i := 0; i < 40; i++ {
 			u := fmt.Sprintf("@u%d:local.test", i)

@@ -5,11 +5,8 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
-	"io"
 	"strings"
 	"testing"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keyserver"
@@ -26,16 +23,10 @@ func TestStaleDeviceCacheIsNotTrusted(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, tdb testutil.Database) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		log := logrus.New()
-		log.SetOutput(io.Discard)
 		open := func() (*sqlstore.Store, *keyserver.Service) {
-			st, err := sqlstore.Open(ctx, tdb.URI, "local.test")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
+			st, svc := openService(ctx, t, tdb.URI)
 			go func() { _ = st.WatchStream(ctx, func() {}) }() // caches on for PostgreSQL too
-			return st, keyserver.New(st, keyserver.Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+			return st, svc
 		}
 		storeA, svcA := open()
 		storeB, svcB := open()
