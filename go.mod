@@ -7,6 +7,7 @@ require (
 	github.com/lib/pq v1.12.3
 	github.com/matrix-org/gomatrixserverlib v0.0.0-20240910190622-2c764912ce93
 	github.com/mattn/go-sqlite3 v1.14.53
+	github.com/oasisprotocol/curve25519-voi v0.0.0-20230904125328-1f23a7beb09a
 	github.com/prometheus/client_golang v1.25.0
 	github.com/sirupsen/logrus v1.10.2
 	github.com/tidwall/gjson v1.14.3

@@ -149,10 +149,11 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 	if dk != nil {
 		ed25519Key = dk.Ed25519()
 	}
+	identity := newIdentityKey(ed25519Key)
 	check := func(field string, keys []keyUpload) ([]checkedKey, error) {
 		out := make([]checkedKey, 0, len(keys))
 		for _, k := range keys {
-			js, err := checkOneTimeKey(field, k.Name, k.Value, c.UserID, c.DeviceID, ed25519Key)
+			js, err := checkOneTimeKey(field, k.Name, k.Value, c.UserID, c.DeviceID, identity)
 			if err != nil {
 				return nil, err
 			}

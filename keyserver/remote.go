@@ -289,7 +289,7 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 				if a, _, err := parseKeyName(name); err != nil || a != alg {
 					continue
 				}
-				if _, err := checkOneTimeKey("one_time_keys", name, key, userID, deviceID, identity[deviceID]); err != nil || !isSignedAlgorithm(alg) {
+				if _, err := checkOneTimeKey("one_time_keys", name, key, userID, deviceID, newIdentityKey(identity[deviceID])); err != nil || !isSignedAlgorithm(alg) {
 					s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": deviceID, "key": name}).
 						Warn("dropped a claimed key without a valid device signature")
 					continue

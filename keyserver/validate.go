@@ -2,10 +2,8 @@ package keyserver
 
 import (
 	"bytes"
-	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -162,22 +160,8 @@ func storedIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, err error
 
 // VerifySelfSignature checks the device's signature of its own keys.
 func (d *DeviceKeys) VerifySelfSignature() error {
-	if err := verifySignedBy(d.Canonical, d.UserID, d.DeviceID, d.Ed25519()); err != nil {
+	if err := verifySignedBy(d.Canonical, d.UserID, d.DeviceID, newIdentityKey(d.Ed25519())); err != nil {
 		return mxerr.InvalidParam("device_keys: %v", err)
-	}
-	return nil
-}
-
-// verifySignedBy checks signatures[userID]["ed25519:<deviceID>"] over the
-// canonical JSON of obj with the given base64 ed25519 key.
-func verifySignedBy(obj []byte, userID, deviceID, ed25519Key string) error {
-	pub, err := decodeBase64(ed25519Key)
-	if err != nil || len(pub) != ed25519.PublicKeySize {
-		return errors.New("the device's ed25519 key is not valid")
-	}
-	keyID := gomatrixserverlib.KeyID("ed25519:" + deviceID)
-	if err := gomatrixserverlib.VerifyJSON(userID, keyID, ed25519.PublicKey(pub), obj); err != nil {
-		return fmt.Errorf("no valid signature by %s %s", userID, keyID)
 	}
 	return nil
 }
@@ -195,7 +179,7 @@ func parseKeyName(name string) (alg, id string, err error) {
 // canonical JSON. Signed algorithms ("signed_curve25519") must be objects
 // with a key and a valid signature by the device; the legacy "curve25519"
 // is a bare base64 string; other algorithms must be a string or an object.
-func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID, ed25519Key string) ([]byte, error) {
+func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID string, key *identityKey) ([]byte, error) {
 	alg, _, err := parseKeyName(name)
 	if err != nil {
 		return nil, err
@@ -220,14 +204,14 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID, 
 				return nil, mxerr.InvalidParam("%s.%s: key is not a 32-byte base64 key", field, name)
 			}
 		}
-		if ed25519Key == "" {
+		if key.missing() {
 			return nil, mxerr.InvalidParam("%s: the device has no identity keys to verify %s with; upload device_keys first", field, name)
 		}
 		c, err := canonical(raw)
 		if err != nil {
 			return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 		}
-		if err := verifySignedBy(c, userID, deviceID, ed25519Key); err != nil {
+		if err := verifySignedBy(c, userID, deviceID, key); err != nil {
 			return nil, mxerr.InvalidParam("%s.%s: %v", field, name, err)
 		}
 		return c, nil

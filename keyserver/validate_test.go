@@ -37,13 +37,13 @@ func TestRealClientKeysAccepted(t *testing.T) {
 			}
 			n := 0
 			for name, k := range c.OneTimeKeys {
-				if _, err := checkOneTimeKey("one_time_keys", name, k, c.UserID, c.DeviceID, dk.Ed25519()); err != nil {
+				if _, err := checkOneTimeKey("one_time_keys", name, k, c.UserID, c.DeviceID, newIdentityKey(dk.Ed25519())); err != nil {
 					t.Errorf("%s one-time key %s rejected: %v", c.Library, name, err)
 				}
 				n++
 			}
 			for name, k := range c.FallbackKeys {
-				if _, err := checkOneTimeKey("fallback_keys", name, k, c.UserID, c.DeviceID, dk.Ed25519()); err != nil {
+				if _, err := checkOneTimeKey("fallback_keys", name, k, c.UserID, c.DeviceID, newIdentityKey(dk.Ed25519())); err != nil {
 					t.Errorf("%s fallback key %s rejected: %v", c.Library, name, err)
 				}
 			}
@@ -68,7 +68,7 @@ func TestRealClientKeysNegativeRejected(t *testing.T) {
 					t.Fatal("altered device keys accepted")
 				}
 			case "one_time_key":
-				if _, err := checkOneTimeKey("one_time_keys", n.KeyID, n.Object, n.UserID, n.DeviceID, n.VerifyWith.Ed25519); err == nil {
+				if _, err := checkOneTimeKey("one_time_keys", n.KeyID, n.Object, n.UserID, n.DeviceID, newIdentityKey(n.VerifyWith.Ed25519)); err == nil {
 					t.Fatal("unsigned one-time key accepted")
 				}
 			default:
@@ -122,16 +122,16 @@ func TestSpecSigningVectors(t *testing.T) {
 		t.Errorf("canonical form:\n%s\nwant\n%s", dk.Canonical, wantCanonical)
 	}
 	otk := `{"key":"zKbLg+NrIjpnagy+pIY6uPL4ZwEG2v+8F9lmgsnlZzs","signatures":{"@alice:domain":{"ed25519:JLAFKJWSCS":"zccrYaM3ieFwqIRh3pve0FOXL66pwljCLMbLXyXMtKdjYyuknQicpCFDQBGS7gtaKk7idfLWboyRqxzDSqZ4BQ"}}}`
-	if _, err := checkOneTimeKey("one_time_keys", "signed_curve25519:AAAAHg", json.RawMessage(otk), "@alice:domain", "JLAFKJWSCS", specPublicKey); err != nil {
+	if _, err := checkOneTimeKey("one_time_keys", "signed_curve25519:AAAAHg", json.RawMessage(otk), "@alice:domain", "JLAFKJWSCS", newIdentityKey(specPublicKey)); err != nil {
 		t.Errorf("spec one-time key: %v", err)
 	}
 	fallback := `{"fallback":true,"key":"zKbLg+NrIjpnagy+pIY6uPL4ZwEG2v+8F9lmgsnlZzs","signatures":{"@alice:domain":{"ed25519:JLAFKJWSCS":"X2T38NQ0yRSsppA2IriBDzq83NGLUzj5QEFpLJQkK9+5w1cGlkYfeg9tT9A1K3ZWtCEp5v+qfOdZgnA7GSGnCw"}}}`
-	if _, err := checkOneTimeKey("fallback_keys", "signed_curve25519:AAAAHg", json.RawMessage(fallback), "@alice:domain", "JLAFKJWSCS", specPublicKey); err != nil {
+	if _, err := checkOneTimeKey("fallback_keys", "signed_curve25519:AAAAHg", json.RawMessage(fallback), "@alice:domain", "JLAFKJWSCS", newIdentityKey(specPublicKey)); err != nil {
 		t.Errorf("spec fallback key: %v", err)
 	}
 	// The one-time key's signature does not cover "fallback": true.
 	if _, err := checkOneTimeKey("fallback_keys", "signed_curve25519:AAAAHg",
-		json.RawMessage(strings.Replace(otk, `{"key"`, `{"fallback":true,"key"`, 1)), "@alice:domain", "JLAFKJWSCS", specPublicKey); err == nil {
+		json.RawMessage(strings.Replace(otk, `{"key"`, `{"fallback":true,"key"`, 1)), "@alice:domain", "JLAFKJWSCS", newIdentityKey(specPublicKey)); err == nil {
 		t.Error("a signature over other content was accepted")
 	}
 }
@@ -201,7 +201,7 @@ func TestCheckOneTimeKeyShapes(t *testing.T) {
 		{"unknown algorithm number", "org.example.alg:A", `5`, "M_BAD_JSON"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := checkOneTimeKey("one_time_keys", tc.keyName, json.RawMessage(tc.raw), "@alice:domain", "JLAFKJWSCS", specPublicKey)
+			_, err := checkOneTimeKey("one_time_keys", tc.keyName, json.RawMessage(tc.raw), "@alice:domain", "JLAFKJWSCS", newIdentityKey(specPublicKey))
 			if got := errcodeOf(err); got != tc.errcode {
 				t.Fatalf("errcode %q, want %q (%v)", got, tc.errcode, err)
 			}
