@@ -522,3 +522,28 @@ func TestKeysQueryAndClaimErrors(t *testing.T) {
 		}
 	})
 }
+
+// An upload that repeats stored keys beside new ones stores only the new
+// ones, and the repeated ones do not count against the cap.
+func TestKeysReuploadBesideNewKeysUpToTheCap(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{MaxOneTimeKeys: 10})
+		alice := srv.Register(t, "alice", "ALICEDEV")
+		old := alice.OneTimeKeys(t, "A", 4)
+		srv.Upload(t, alice, map[string]any{"device_keys": alice.DeviceKeys(t), "one_time_keys": old})
+		both := alice.OneTimeKeys(t, "N", 6)
+		for k, v := range old {
+			both[k] = v
+		}
+		if n := counts(t, srv.Upload(t, alice, map[string]any{"one_time_keys": both})); n != 10 {
+			t.Fatalf("count %v after re-uploading 4 beside 6 new, want 10", n)
+		}
+		r := srv.Do(t, "POST", uploadPath, alice.Token, map[string]any{"one_time_keys": alice.OneTimeKeys(t, "X", 1)})
+		if r.Status != 400 || r.Errcode() != "M_INVALID_PARAM" {
+			t.Fatalf("over the cap: %d %s", r.Status, r.Raw)
+		}
+		if n := counts(t, srv.Upload(t, alice, map[string]any{})); n != 10 {
+			t.Fatalf("count %v, want 10", n)
+		}
+	})
+}

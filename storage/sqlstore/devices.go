@@ -217,7 +217,7 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 			return nil
 		}
 		in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
-		for _, table := range []string{"access_tokens", "one_time_keys", "fallback_keys", "devices"} {
+		for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "devices"} {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
 				return err
 			}

@@ -1,9 +1,20 @@
 package sqlstore
 
+import "context"
+
 // CachesOn reports whether the token and device caches are on, so that
 // tests can wait for a store's listener before relying on them.
 func (s *Store) CachesOn() bool {
 	_, tokens := s.tokens.generation()
 	_, devices := s.devices.generation()
 	return tokens && devices
+}
+
+// OpenAtSchema opens a store migrated only up to version v, as an older
+// release left it.
+func OpenAtSchema(ctx context.Context, uri string, v int) (*Store, error) {
+	saved := migrations
+	defer func() { migrations = saved }()
+	migrations = migrations[:v]
+	return Open(ctx, uri, "x")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"sort"
 	"strings"
 
@@ -16,8 +17,32 @@ import (
 // writes that. decide's error aborts the upload with nothing written.
 // oneTimeKeyIDs are the full IDs ("alg:id") the upload names, so that the
 // state includes any of them already stored.
+//
+// Almost every upload brings only new one-time keys, so a first attempt
+// assumes that none is stored and does not look them up: PostgreSQL plans
+// that lookup as a scan of all the device's keys, since it cannot know
+// that a user and a device ID together pick out few rows. The unique index
+// still sees every key stored before; if one was, or if decide refused
+// what it was shown, the upload runs again with the named keys looked up,
+// and that second run's answer stands. With no key stored before, both runs
+// show decide the same state, so the first run's answer is the same.
 func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
 	decide func(storage.KeyState) (storage.KeyWrite, error)) (storage.UploadResult, error) {
+	if len(oneTimeKeyIDs) > 0 {
+		res, err := s.uploadKeys(ctx, userID, deviceID, nil, decide, true)
+		if !errors.Is(err, errNotAllNew) {
+			return res, err
+		}
+	}
+	return s.uploadKeys(ctx, userID, deviceID, oneTimeKeyIDs, decide, false)
+}
+
+// errNotAllNew ends an upload's first attempt when one of its one-time keys
+// was stored before, or when decide refused the upload without seeing them.
+var errNotAllNew = errors.New("an uploaded one-time key may be stored already")
+
+func (s *Store) uploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
+	decide func(storage.KeyState) (storage.KeyWrite, error), assumeNew bool) (storage.UploadResult, error) {
 	var res storage.UploadResult
 	err := s.write(ctx, func(tx *txn) error {
 		res = storage.UploadResult{}
@@ -27,6 +52,9 @@ func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTime
 		}
 		w, err := decide(state)
 		if err != nil {
+			if assumeNew {
+				return errNotAllNew
+			}
 			return err
 		}
 		if w.DeviceKeys != nil && !bytes.Equal(w.DeviceKeys, state.DeviceKeys) {
@@ -38,8 +66,12 @@ func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTime
 				return err
 			}
 		}
-		if err := insertOneTimeKeys(ctx, tx, userID, deviceID, w.OneTimeKeys); err != nil {
+		if stored, err := s.insertOneTimeKeys(ctx, tx, userID, deviceID, w.OneTimeKeys); err != nil {
 			return err
+		} else if stored != len(w.OneTimeKeys) {
+			// Keys looked up were left out of w: only the first attempt
+			// can meet one stored already.
+			return errNotAllNew
 		}
 		for _, k := range w.FallbackKeys {
 			if _, err := tx.ExecContext(ctx, `
@@ -82,8 +114,8 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 	// The rest in one round trip: unclaimed counts, the named one-time keys
 	// already stored, and the fallback keys.
 	query := `
-		SELECT 'count', algorithm, '', '', COUNT(*) FROM one_time_keys
-		WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm
+		SELECT 'count', algorithm, '', '', unclaimed FROM one_time_key_counts
+		WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
 		UNION ALL
 		SELECT 'fallback', algorithm, key_id, key_json, CASE WHEN used THEN 1 ELSE 0 END FROM fallback_keys
 		WHERE user_id = $1 AND device_id = $2`
@@ -145,14 +177,25 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 }
 
 // insertOneTimeKeys stores keys in their order with multi-row INSERTs, so
-// that ids (and so claim order) follow upload order.
-func insertOneTimeKeys(ctx context.Context, tx *txn, userID, deviceID string, keys []storage.Key) error {
+// that ids (and so claim order) follow upload order, and adds them to the
+// device's counts: on PostgreSQL in the same statement as the last INSERT.
+// A key already stored is left as it is, and not counted in the number of
+// keys stored that it returns.
+func (s *Store) insertOneTimeKeys(ctx context.Context, tx *txn, userID, deviceID string, keys []storage.Key) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	all, stored := keys, 0
 	const perStatement = 200 // 5 parameters a row stays far below every limit
 	for len(keys) > 0 {
 		n := min(len(keys), perStatement)
 		var b strings.Builder
+		last := n == len(keys) && s.d.writingCTEs
+		if last {
+			b.WriteString(`WITH stored AS (`)
+		}
 		b.WriteString(`INSERT INTO one_time_keys (user_id, device_id, algorithm, key_id, key_json) VALUES `)
-		params := make([]any, 0, 2+3*n)
+		params := make([]any, 0, 2+3*n+4)
 		params = append(params, userID, deviceID)
 		for i, k := range keys[:n] {
 			if i > 0 {
@@ -163,23 +206,74 @@ func insertOneTimeKeys(ctx context.Context, tx *txn, userID, deviceID string, ke
 			b.WriteString(")")
 			params = append(params, k.Algorithm, k.KeyID, string(k.JSON))
 		}
-		if _, err := tx.ExecContext(ctx, b.String(), params...); err != nil {
-			return err
-		}
+		b.WriteString(` ON CONFLICT DO NOTHING`)
 		keys = keys[n:]
+		if last {
+			count, countParams := countKeysQuery(all, len(params)+1)
+			b.WriteString(` RETURNING 1), counted AS (`)
+			b.WriteString(count)
+			b.WriteString(`) SELECT COUNT(*) FROM stored`)
+			params = append(params, countParams...)
+			var inserted int
+			if err := tx.QueryRowContext(ctx, b.String(), params...).Scan(&inserted); err != nil {
+				return 0, err
+			}
+			return stored + inserted, nil
+		}
+		r, err := tx.ExecContext(ctx, b.String(), params...)
+		if err != nil {
+			return 0, err
+		}
+		inserted, err := r.RowsAffected()
+		if err != nil {
+			return 0, err
+		}
+		stored += int(inserted)
 	}
-	return nil
+	count, countParams := countKeysQuery(all, 3)
+	_, err := tx.ExecContext(ctx, count, append([]any{userID, deviceID}, countParams...)...)
+	return stored, err
+}
+
+// countKeysQuery adds keys to their device's counts, one row per
+// algorithm. Its parameters are $1 user, $2 device, and from $from on the
+// (algorithm, number) pairs it returns.
+func countKeysQuery(keys []storage.Key, from int) (string, []any) {
+	var algs []string
+	perAlg := map[string]int{}
+	for _, k := range keys {
+		if perAlg[k.Algorithm] == 0 {
+			algs = append(algs, k.Algorithm)
+		}
+		perAlg[k.Algorithm]++
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO one_time_key_counts (user_id, device_id, algorithm, unclaimed) VALUES `)
+	var params []any
+	for i, alg := range algs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("($1, $2, ")
+		b.WriteString(placeholders(from+2*i, 2))
+		b.WriteString(")")
+		params = append(params, alg, perAlg[alg])
+	}
+	b.WriteString(` ON CONFLICT (user_id, device_id, algorithm)
+		DO UPDATE SET unclaimed = one_time_key_counts.unclaimed + excluded.unclaimed`)
+	return b.String(), params
 }
 
 // ClaimKeys hands out one key per request, in one transaction: the oldest
 // unclaimed one-time key of the algorithm, deleted by the same statement
 // that returns it so no key is ever handed out twice; when none is left,
 // the fallback key, which stays stored and is marked used. Requests that
-// find neither are left out of the result.
+// find neither are left out of the result. Callers order the requests by
+// user and device, so that concurrent claims lock count rows in one order.
 //
-// A claim of a single key needs no transaction around its statement: the
-// statement is one by itself, and PostgreSQL is spared the round trips of
-// BEGIN and COMMIT.
+// A claim of a single key on PostgreSQL needs no transaction around its
+// statement: the statement is one by itself, count included, and the
+// database is spared the round trips of BEGIN and COMMIT.
 func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
 	var out []storage.ClaimedKey
 	claim := func(q querier) error {
@@ -196,7 +290,7 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 		return nil
 	}
 	var err error
-	if len(reqs) == 1 {
+	if len(reqs) == 1 && s.d.writingCTEs {
 		err = s.writeStatements(ctx, func(q pool) error { return claim(q) })
 	} else {
 		err = s.write(ctx, func(tx *txn) error { return claim(tx) })
@@ -204,13 +298,31 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 	return out, err
 }
 
+// claimOneTimeKey deletes and returns the device's oldest key of the
+// algorithm. Its parameters are user, device and algorithm.
+func claimOneTimeKey(skipLocked string) string {
+	return `DELETE FROM one_time_keys WHERE id = (
+		SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
+		ORDER BY id LIMIT 1` + skipLocked + `)
+		RETURNING key_id, key_json`
+}
+
+// uncountClaimed takes a claimed key off its device's count.
+const uncountClaimed = `UPDATE one_time_key_counts SET unclaimed = unclaimed - 1
+		WHERE user_id = $1 AND device_id = $2 AND algorithm = $3`
+
 // claimKey claims one key: a one-time key, or failing that the fallback.
 func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest) (storage.ClaimedKey, bool, error) {
 	c := storage.ClaimedKey{UserID: r.UserID, DeviceID: r.DeviceID, Key: storage.Key{Algorithm: r.Algorithm}}
-	err := q.QueryRowContext(ctx, `DELETE FROM one_time_keys WHERE id = (
-		SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
-		ORDER BY id LIMIT 1`+s.d.skipLocked+`)
-		RETURNING key_id, key_json`, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
+	claim := claimOneTimeKey(s.d.skipLocked)
+	if s.d.writingCTEs {
+		claim = `WITH claimed AS (` + claim + `), counted AS (` + uncountClaimed +
+			` AND EXISTS (SELECT 1 FROM claimed)) SELECT key_id, key_json FROM claimed`
+	}
+	err := q.QueryRowContext(ctx, claim, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
+	if err == nil && !s.d.writingCTEs {
+		_, err = q.ExecContext(ctx, uncountClaimed, r.UserID, r.DeviceID, r.Algorithm)
+	}
 	if err == sql.ErrNoRows {
 		c.Fallback = true
 		err = q.QueryRowContext(ctx, `UPDATE fallback_keys SET used = TRUE
@@ -227,7 +339,7 @@ func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest)
 // algorithms whose fallback key has not been handed out, in one query.
 func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (map[string]int, []string, error) {
 	rows, err := s.q.QueryContext(ctx, `
-		SELECT 'otk', algorithm, COUNT(*) FROM one_time_keys WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm
+		SELECT 'otk', algorithm, unclaimed FROM one_time_key_counts WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
 		UNION ALL
 		SELECT 'fallback', algorithm, 0 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND NOT used`,
 		userID, deviceID)

@@ -184,6 +184,20 @@ ALTER TABLE stale_device_lists ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE stale_device_lists ADD COLUMN retry_at_ts {{BIGINT}} NOT NULL DEFAULT 0;
 CREATE INDEX stale_device_lists_due ON stale_device_lists (retry_at_ts);
 `},
+	{4, "one-time key counts", `
+-- unclaimed one-time keys of each device and algorithm, kept by the
+-- statements that store, claim and delete them: an upload and every /sync
+-- read the count instead of counting the keys (and their dead versions)
+CREATE TABLE one_time_key_counts (
+	user_id   TEXT NOT NULL,
+	device_id TEXT NOT NULL,
+	algorithm TEXT NOT NULL,
+	unclaimed {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, device_id, algorithm)
+);
+INSERT INTO one_time_key_counts (user_id, device_id, algorithm, unclaimed)
+SELECT user_id, device_id, algorithm, COUNT(*) FROM one_time_keys GROUP BY user_id, device_id, algorithm;
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

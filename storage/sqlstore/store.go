@@ -34,7 +34,11 @@ type dialect struct {
 	// serialWrites makes write transactions queue in this process: SQLite has
 	// a single writer, and waiting on a Go mutex is cheaper and fairer than
 	// spinning on SQLITE_BUSY.
-	serialWrites      bool
+	serialWrites bool
+	// writingCTEs: a WITH clause may hold INSERT, UPDATE and DELETE, so
+	// that a key and its count change in one statement (PostgreSQL).
+	// Without, they are two statements in one transaction (SQLite).
+	writingCTEs       bool
 	isUniqueViolation func(error) bool
 }
 
@@ -79,7 +83,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		d = dialect{
 			name: "postgres", types: postgres.Types,
 			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
-			isUniqueViolation: postgres.IsUniqueViolation,
+			writingCTEs: true, isUniqueViolation: postgres.IsUniqueViolation,
 		}
 	case sqlite3.IsURI(uri):
 		db, wdb, err = sqlite3.Open(uri)
