@@ -12,11 +12,14 @@ import (
 	"github.com/lib/pq"
 )
 
-// Types replaces the type placeholders of the shared schema.
-var Types = map[string]string{
+// Schema fills the placeholders of the shared schema: types, and the
+// statements only SQLite needs.
+var Schema = map[string]string{
 	"{{ID}}":     "BIGSERIAL PRIMARY KEY",
 	"{{BLOB}}":   "BYTEA",
 	"{{BIGINT}}": "BIGINT",
+	// A claim's statement takes the key off its count itself (claimKey).
+	"{{COUNT_CLAIMS}}": "",
 }
 
 // IsURI reports whether uri names a PostgreSQL database.

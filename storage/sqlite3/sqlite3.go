@@ -15,11 +15,19 @@ import (
 	"github.com/mattn/go-sqlite3"
 )
 
-// Types replaces the type placeholders of the shared schema.
-var Types = map[string]string{
+// Schema fills the placeholders of the shared schema: types, and the
+// statements only SQLite needs.
+var Schema = map[string]string{
 	"{{ID}}":     "INTEGER PRIMARY KEY AUTOINCREMENT",
 	"{{BLOB}}":   "BLOB",
 	"{{BIGINT}}": "INTEGER",
+	// A claimed key comes off its count in the claim's own statement, with
+	// no transaction around it (PostgreSQL does this in the statement).
+	// Migrations split at a semicolon ending a line: the body's stays inside.
+	"{{COUNT_CLAIMS}}": `CREATE TRIGGER one_time_keys_claimed AFTER DELETE ON one_time_keys
+BEGIN
+	UPDATE one_time_key_counts SET unclaimed = unclaimed - 1
+	WHERE user_id = old.user_id AND device_id = old.device_id AND algorithm = old.algorithm; END;`,
 }
 
 // IsURI reports whether uri names an SQLite database: "file:..." or a plain

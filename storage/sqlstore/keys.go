@@ -271,9 +271,9 @@ func countKeysQuery(keys []storage.Key, from int) (string, []any) {
 // find neither are left out of the result. Callers order the requests by
 // user and device, so that concurrent claims lock count rows in one order.
 //
-// A claim of a single key on PostgreSQL needs no transaction around its
-// statement: the statement is one by itself, count included, and the
-// database is spared the round trips of BEGIN and COMMIT.
+// A claim of a single key needs no transaction around its statement: the
+// statement is one by itself, count included, and PostgreSQL is spared the
+// round trips of BEGIN and COMMIT.
 func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
 	var out []storage.ClaimedKey
 	claim := func(q querier) error {
@@ -290,7 +290,7 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 		return nil
 	}
 	var err error
-	if len(reqs) == 1 && s.d.writingCTEs {
+	if len(reqs) == 1 {
 		err = s.writeStatements(ctx, func(q pool) error { return claim(q) })
 	} else {
 		err = s.write(ctx, func(tx *txn) error { return claim(tx) })
@@ -307,7 +307,8 @@ func claimOneTimeKey(skipLocked string) string {
 		RETURNING key_id, key_json`
 }
 
-// uncountClaimed takes a claimed key off its device's count.
+// uncountClaimed takes a claimed key off its device's count. On SQLite a
+// trigger does it.
 const uncountClaimed = `UPDATE one_time_key_counts SET unclaimed = unclaimed - 1
 		WHERE user_id = $1 AND device_id = $2 AND algorithm = $3`
 
@@ -320,9 +321,6 @@ func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest)
 			` AND EXISTS (SELECT 1 FROM claimed)) SELECT key_id, key_json FROM claimed`
 	}
 	err := q.QueryRowContext(ctx, claim, r.UserID, r.DeviceID, r.Algorithm).Scan(&c.Key.KeyID, &c.Key.JSON)
-	if err == nil && !s.d.writingCTEs {
-		_, err = q.ExecContext(ctx, uncountClaimed, r.UserID, r.DeviceID, r.Algorithm)
-	}
 	if err == sql.ErrNoRows {
 		c.Fallback = true
 		err = q.QueryRowContext(ctx, `UPDATE fallback_keys SET used = TRUE

@@ -12,7 +12,8 @@ import (
 )
 
 // migration is one numbered step of the schema. Its SQL is shared by both
-// databases; {{...}} placeholders are replaced by the dialect's types.
+// databases; {{...}} placeholders are replaced by the dialect's types and
+// statements.
 // Steps are never edited once released: a change is a new step.
 type migration struct {
 	version int
@@ -197,6 +198,7 @@ CREATE TABLE one_time_key_counts (
 );
 INSERT INTO one_time_key_counts (user_id, device_id, algorithm, unclaimed)
 SELECT user_id, device_id, algorithm, COUNT(*) FROM one_time_keys GROUP BY user_id, device_id, algorithm;
+{{COUNT_CLAIMS}}
 `},
 }
 
@@ -221,7 +223,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER PRIMARY KEY,
 		name       TEXT NOT NULL,
-		applied_ts `+s.d.types["{{BIGINT}}"]+` NOT NULL)`); err != nil {
+		applied_ts `+s.d.schema["{{BIGINT}}"]+` NOT NULL)`); err != nil {
 		return fmt.Errorf("create schema_migrations: %w", err)
 	}
 	var newest sql.NullInt64
@@ -257,7 +259,7 @@ func (s *Store) apply(ctx context.Context, conn *sql.Conn, m migration) error {
 		return nil
 	}
 	ddl := m.sql
-	for k, v := range s.d.types {
+	for k, v := range s.d.schema {
 		ddl = strings.ReplaceAll(ddl, k, v)
 	}
 	for _, stmt := range splitStatements(ddl) {

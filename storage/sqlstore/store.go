@@ -23,8 +23,8 @@ import (
 // dialect is what differs between the databases.
 type dialect struct {
 	name string
-	// types replaces the placeholders in the schema.
-	types map[string]string
+	// schema fills the placeholders in the schema.
+	schema map[string]string
 	// forUpdate is appended to a SELECT that must lock the rows it reads
 	// until the transaction ends; SQLite needs none (one writer at a time).
 	forUpdate string
@@ -37,7 +37,8 @@ type dialect struct {
 	serialWrites bool
 	// writingCTEs: a WITH clause may hold INSERT, UPDATE and DELETE, so
 	// that a key and its count change in one statement (PostgreSQL).
-	// Without, they are two statements in one transaction (SQLite).
+	// Without (SQLite), uploads count their keys in a second statement of
+	// their transaction, and a trigger counts claims.
 	writingCTEs       bool
 	isUniqueViolation func(error) bool
 }
@@ -81,14 +82,14 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		db, err = postgres.Open(uri)
 		wdb = db
 		d = dialect{
-			name: "postgres", types: postgres.Types,
+			name: "postgres", schema: postgres.Schema,
 			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
 			writingCTEs: true, isUniqueViolation: postgres.IsUniqueViolation,
 		}
 	case sqlite3.IsURI(uri):
 		db, wdb, err = sqlite3.Open(uri)
 		d = dialect{
-			name: "sqlite3", types: sqlite3.Types,
+			name: "sqlite3", schema: sqlite3.Schema,
 			serialWrites: true, isUniqueViolation: sqlite3.IsUniqueViolation,
 		}
 	default:
