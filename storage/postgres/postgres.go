@@ -20,6 +20,8 @@ var Schema = map[string]string{
 	"{{BIGINT}}": "BIGINT",
 	// A claim's statement takes the key off its count itself (claimKey).
 	"{{COUNT_CLAIMS}}": "",
+	// Claims lock the oldest key through the index (see migration 5).
+	"{{DROP_CLAIM_INDEX}}": "",
 }
 
 // IsURI reports whether uri names a PostgreSQL database.

@@ -4,12 +4,15 @@
 package sqlite3
 
 import (
+	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/mattn/go-sqlite3"
@@ -28,6 +31,7 @@ var Schema = map[string]string{
 BEGIN
 	UPDATE one_time_key_counts SET unclaimed = unclaimed - 1
 	WHERE user_id = old.user_id AND device_id = old.device_id AND algorithm = old.algorithm; END;`,
+	"{{DROP_CLAIM_INDEX}}": "DROP INDEX one_time_keys_claim;",
 }
 
 // IsURI reports whether uri names an SQLite database: "file:..." or a plain
@@ -36,33 +40,48 @@ func IsURI(uri string) bool {
 	return !strings.Contains(uri, "://")
 }
 
+// DB is an SQLite database opened as the store uses it: two pools on the
+// one file, and a checkpointer for the write pool's log.
+type DB struct {
+	// Read runs the statements outside transactions.
+	Read *sql.DB
+	// Write is a single connection for the write transactions. SQLite has
+	// one writer at a time anyway, and keeping every write on one
+	// connection keeps its page cache warm with what writes read (key
+	// counts, the keys already stored).
+	Write *sql.DB
+	turn  *writeTurn
+	// ckptDB is the checkpointer's own connection, so that it never waits
+	// for a busy read pool while holding writers back.
+	ckptDB *sql.DB
+}
+
 // Open opens the SQLite database at uri ("file:path" or a path), creating
 // its directory if needed, with the settings the store relies on: WAL so
 // readers never wait for the writer, a busy timeout for other processes,
 // foreign keys, and immediate write transactions.
 //
-// It returns two pools on the one database: read for statements outside
-// transactions, and write, a single connection for the write transactions.
-// SQLite has one writer at a time anyway, and keeping every write on one
-// connection keeps that connection's page cache warm with what writes
-// read (key counts, the keys already stored).
-func Open(uri string) (read, write *sql.DB, err error) {
+// The write connection never checkpoints the log itself; a goroutine does,
+// on a connection of its own, while writers carry on (see checkpointer).
+func Open(uri string) (*DB, error) { return open(uri, defaultPacing) }
+
+func open(uri string, p pacing) (*DB, error) {
 	path := strings.TrimPrefix(uri, "file:")
 	query := ""
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path, query = path[:i], path[i+1:]
 	}
 	if path == "" {
-		return nil, nil, errors.New("sqlite: empty database path")
+		return nil, errors.New("sqlite: empty database path")
 	}
 	if path != ":memory:" {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, nil, fmt.Errorf("sqlite: create directory for %s: %w", path, err)
+			return nil, fmt.Errorf("sqlite: create directory for %s: %w", path, err)
 		}
 	}
 	params, err := url.ParseQuery(query)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sqlite: bad parameters in %q: %w", uri, err)
+		return nil, fmt.Errorf("sqlite: bad parameters in %q: %w", uri, err)
 	}
 	// busy_timeout must be in force before the journal mode is switched.
 	setDefault(params, "_busy_timeout", "10000")
@@ -71,25 +90,70 @@ func Open(uri string) (read, write *sql.DB, err error) {
 	setDefault(params, "_foreign_keys", "on")
 	setDefault(params, "_txlock", "immediate")
 	dsn := "file:" + path + "?" + params.Encode()
-	if read, err = sql.Open("sqlite3", dsn); err != nil {
-		return nil, nil, err
-	}
+	read := sql.OpenDB(connector{dsn: dsn, driver: &sqlite3.SQLiteDriver{}})
 	if path == ":memory:" {
 		// Every connection would get its own empty database.
 		read.SetMaxOpenConns(1)
-		return read, read, nil
+		return &DB{Read: read, Write: read, turn: newWriteTurn()}, nil
 	}
 	read.SetMaxOpenConns(8)
 	read.SetMaxIdleConns(8)
-	if write, err = sql.Open("sqlite3", dsn); err != nil {
-		read.Close()
-		return nil, nil, err
-	}
+	write := sql.OpenDB(connector{dsn: dsn, driver: &sqlite3.SQLiteDriver{
+		ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			// The checkpointer does it (see checkpointer). After the log
+			// starts over, SQLite cuts the file back to this size.
+			_, err := c.Exec("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = "+strconv.Itoa(p.bigLog*4096), nil)
+			return err
+		},
+	}})
 	write.SetMaxOpenConns(1)
 	write.SetMaxIdleConns(1)
 	write.SetConnMaxIdleTime(0)
-	return read, write, nil
+	ckptDB := sql.OpenDB(connector{dsn: dsn, driver: &sqlite3.SQLiteDriver{}})
+	ckptDB.SetMaxOpenConns(1)
+	d := &DB{Read: read, Write: write, ckptDB: ckptDB, turn: newWriteTurn()}
+	d.turn.ckpt = startCheckpointer(ckptDB, d.turn, p)
+	return d, nil
 }
+
+// LockWrites waits for this process's turn to write (see writeTurn).
+// Every statement that writes goes between LockWrites and UnlockWrites.
+func (d *DB) LockWrites() { d.turn.lock() }
+
+// UnlockWrites ends the turn, and lets the checkpointer know of the write.
+func (d *DB) UnlockWrites() {
+	d.turn.unlock()
+	if d.turn.ckpt != nil {
+		d.turn.ckpt.wrote()
+	}
+}
+
+// Close stops the checkpointer and closes the pools. SQLite checkpoints
+// the whole log when the last connection closes.
+func (d *DB) Close() error {
+	if d.turn.ckpt != nil {
+		d.turn.ckpt.stop()
+	}
+	var errs []error
+	if d.ckptDB != nil {
+		errs = append(errs, d.ckptDB.Close())
+	}
+	if d.Write != d.Read {
+		errs = append(errs, d.Write.Close())
+	}
+	return errors.Join(append(errs, d.Read.Close())...)
+}
+
+// connector opens connections of one driver configuration, so that the
+// write pool's connections can differ from the read pool's without
+// registering a driver name for it.
+type connector struct {
+	dsn    string
+	driver *sqlite3.SQLiteDriver
+}
+
+func (c connector) Connect(context.Context) (driver.Conn, error) { return c.driver.Open(c.dsn) }
+func (c connector) Driver() driver.Driver                        { return c.driver }
 
 func setDefault(v url.Values, key, value string) {
 	if v.Get(key) == "" {

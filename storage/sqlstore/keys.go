@@ -300,10 +300,8 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 
 // claimOneTimeKey deletes and returns the device's oldest key of the
 // algorithm. Its parameters are user, device and algorithm.
-func claimOneTimeKey(skipLocked string) string {
-	return `DELETE FROM one_time_keys WHERE id = (
-		SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
-		ORDER BY id LIMIT 1` + skipLocked + `)
+func claimOneTimeKey(d dialect) string {
+	return `DELETE FROM one_time_keys WHERE id = (` + d.oldestKey + `)
 		RETURNING key_id, key_json`
 }
 
@@ -315,7 +313,7 @@ const uncountClaimed = `UPDATE one_time_key_counts SET unclaimed = unclaimed - 1
 // claimKey claims one key: a one-time key, or failing that the fallback.
 func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest) (storage.ClaimedKey, bool, error) {
 	c := storage.ClaimedKey{UserID: r.UserID, DeviceID: r.DeviceID, Key: storage.Key{Algorithm: r.Algorithm}}
-	claim := claimOneTimeKey(s.d.skipLocked)
+	claim := claimOneTimeKey(s.d)
 	if s.d.writingCTEs {
 		claim = `WITH claimed AS (` + claim + `), counted AS (` + uncountClaimed +
 			` AND EXISTS (SELECT 1 FROM claimed)) SELECT key_id, key_json FROM claimed`

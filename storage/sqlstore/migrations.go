@@ -200,6 +200,13 @@ INSERT INTO one_time_key_counts (user_id, device_id, algorithm, unclaimed)
 SELECT user_id, device_id, algorithm, COUNT(*) FROM one_time_keys GROUP BY user_id, device_id, algorithm;
 {{COUNT_CLAIMS}}
 `},
+	{5, "claims without an index ordered by id, on SQLite", `
+-- On SQLite a claim finds a device's oldest key with MIN(id) over the
+-- unique index, whose entries end with the id; the index by id cost every
+-- upload as many pages again. PostgreSQL claims through it with
+-- FOR UPDATE SKIP LOCKED, which MIN cannot take, and keeps it.
+{{DROP_CLAIM_INDEX}}
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

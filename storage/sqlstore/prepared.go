@@ -34,6 +34,22 @@ type stmtCache struct {
 	// sent counts the statements sent to the database, prepared or not,
 	// transaction begins and ends included: each is a round trip.
 	sent atomic.Int64
+	// uncancelable runs statements without their context's cancellation
+	// (SQLite). go-sqlite3 runs a statement, and each row step of a query,
+	// on a new goroutine when the context can be cancelled, so that it can
+	// interrupt it; under load those hand-offs cost more than the
+	// statements, and the writer's hold on the database lasted as long as
+	// its goroutines waited to be scheduled. SQLite statements here take
+	// well under a millisecond, so there is little to cancel.
+	uncancelable bool
+}
+
+// statementContext is the context a statement runs with (see uncancelable).
+func (c *stmtCache) statementContext(ctx context.Context) context.Context {
+	if c.uncancelable {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // lookup returns the statement prepared for query, if it is.
@@ -101,6 +117,7 @@ type pool struct {
 }
 
 func (p pool) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	ctx = p.cache.statementContext(ctx)
 	st, err := p.cache.get(ctx, query, len(args))
 	if err != nil {
 		return nil, err
@@ -113,6 +130,7 @@ func (p pool) QueryContext(ctx context.Context, query string, args ...any) (*sql
 
 // QueryRowContext returns a row whose Scan reports a failure to prepare.
 func (p pool) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	ctx = p.cache.statementContext(ctx)
 	st, err := p.cache.get(ctx, query, len(args))
 	if err != nil || st == nil {
 		// database/sql has no way to build a *sql.Row holding an error;
@@ -124,6 +142,7 @@ func (p pool) QueryRowContext(ctx context.Context, query string, args ...any) *s
 }
 
 func (p pool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	ctx = p.cache.statementContext(ctx)
 	st, err := p.cache.get(ctx, query, len(args))
 	if err != nil {
 		return nil, err
@@ -183,6 +202,7 @@ func (t *txn) prepareMissed(ctx context.Context) {
 }
 
 func (t *txn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	ctx = t.cache.statementContext(ctx)
 	if st := t.stmt(ctx, query, len(args)); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
@@ -190,6 +210,7 @@ func (t *txn) QueryContext(ctx context.Context, query string, args ...any) (*sql
 }
 
 func (t *txn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	ctx = t.cache.statementContext(ctx)
 	if st := t.stmt(ctx, query, len(args)); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
@@ -197,6 +218,7 @@ func (t *txn) QueryRowContext(ctx context.Context, query string, args ...any) *s
 }
 
 func (t *txn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	ctx = t.cache.statementContext(ctx)
 	if st := t.stmt(ctx, query, len(args)); st != nil {
 		return st.ExecContext(ctx, args...)
 	}

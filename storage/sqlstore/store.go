@@ -28,13 +28,9 @@ type dialect struct {
 	// forUpdate is appended to a SELECT that must lock the rows it reads
 	// until the transaction ends; SQLite needs none (one writer at a time).
 	forUpdate string
-	// skipLocked is appended to the claim subquery so that concurrent claims
-	// take different keys instead of waiting for and then missing the same one.
-	skipLocked string
-	// serialWrites makes write transactions queue in this process: SQLite has
-	// a single writer, and waiting on a Go mutex is cheaper and fairer than
-	// spinning on SQLITE_BUSY.
-	serialWrites bool
+	// oldestKey selects the id of a device's oldest one-time key of an
+	// algorithm ($1 user, $2 device, $3 algorithm), for a claim to delete.
+	oldestKey string
 	// writingCTEs: a WITH clause may hold INSERT, UPDATE and DELETE, so
 	// that a key and its count change in one statement (PostgreSQL).
 	// Without (SQLite), uploads count their keys in a second statement of
@@ -49,6 +45,8 @@ type Store struct {
 	// wdb runs the write transactions: db itself on PostgreSQL, a pool of
 	// one connection on SQLite (see sqlite3.Open).
 	wdb *sql.DB
+	// lite is the SQLite database behind db and wdb (nil on PostgreSQL).
+	lite *sqlite3.DB
 	// q runs the store's statements on db, prepared once and reused;
 	// wstmts are the write pool's prepared statements.
 	q      pool
@@ -59,7 +57,6 @@ type Store struct {
 	tokens  *userCache[tokenOwner]
 	devices *userCache[[]storage.Device]
 	d       dialect
-	writeMu sync.Mutex
 	// serverName tells local users (whose changes go out over federation)
 	// from remote ones.
 	serverName string
@@ -74,6 +71,7 @@ var _ storage.Database = (*Store)(nil)
 func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	var (
 		db, wdb *sql.DB
+		lite    *sqlite3.DB
 		d       dialect
 		err     error
 	)
@@ -83,14 +81,25 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		wdb = db
 		d = dialect{
 			name: "postgres", schema: postgres.Schema,
-			forUpdate: " FOR UPDATE", skipLocked: " FOR UPDATE SKIP LOCKED",
+			forUpdate: " FOR UPDATE",
+			// SKIP LOCKED: concurrent claims take different keys instead
+			// of waiting for and then missing the same one.
+			oldestKey: `SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
+				ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`,
 			writingCTEs: true, isUniqueViolation: postgres.IsUniqueViolation,
 		}
 	case sqlite3.IsURI(uri):
-		db, wdb, err = sqlite3.Open(uri)
+		if lite, err = sqlite3.Open(uri); err == nil {
+			db, wdb = lite.Read, lite.Write
+		}
 		d = dialect{
 			name: "sqlite3", schema: sqlite3.Schema,
-			serialWrites: true, isUniqueViolation: sqlite3.IsUniqueViolation,
+			// Claims are serial (one writer). MIN reads the ids from the
+			// unique index, which holds them as its last column, without
+			// sorting; an index ordered by id would cost every upload its
+			// upkeep (see migration 5).
+			oldestKey:         `SELECT MIN(id) FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3`,
+			isUniqueViolation: sqlite3.IsUniqueViolation,
 		}
 	default:
 		return nil, fmt.Errorf("unsupported database %q", uri)
@@ -98,11 +107,11 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	cache, wcache := &stmtCache{db: db}, &stmtCache{db: wdb}
+	cache, wcache := &stmtCache{db: db, uncancelable: lite != nil}, &stmtCache{db: wdb, uncancelable: lite != nil}
 	if wdb == db {
 		wcache = cache
 	}
-	s := &Store{db: db, wdb: wdb, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
+	s := &Store{db: db, wdb: wdb, lite: lite, q: pool{db: db, cache: cache}, stmts: cache, wstmts: wcache, d: d, serverName: serverName, uri: uri,
 		// An SQLite database belongs to one daemon, which sees every
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
@@ -145,32 +154,39 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
 // Close closes the pool.
 func (s *Store) Close() error {
 	s.stmts.close()
-	if s.wdb != s.db {
+	if s.wstmts != s.stmts {
 		s.wstmts.close()
-		s.wdb.Close()
+	}
+	if s.lite != nil {
+		return s.lite.Close()
 	}
 	return s.db.Close()
+}
+
+// writeTurn waits for this process's turn to write on SQLite, which has
+// one writer at a time (see sqlite3.DB.LockWrites); it returns the end of
+// the turn.
+func (s *Store) writeTurn() (end func()) {
+	if s.lite == nil {
+		return func() {}
+	}
+	s.lite.LockWrites()
+	return s.lite.UnlockWrites
 }
 
 // writeStatements runs fn's statements on the write pool without a
 // transaction around them, each one a transaction by itself; on SQLite
 // they still take their turn with the write transactions.
 func (s *Store) writeStatements(ctx context.Context, fn func(q pool) error) error {
-	if s.d.serialWrites {
-		s.writeMu.Lock()
-		defer s.writeMu.Unlock()
-	}
+	defer s.writeTurn()()
 	return fn(pool{db: s.wdb, cache: s.wstmts})
 }
 
 // write runs fn in one transaction, committing when it returns nil.
 func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
-	if s.d.serialWrites {
-		s.writeMu.Lock()
-		defer s.writeMu.Unlock()
-	}
+	defer s.writeTurn()()
 	s.wstmts.sent.Add(2) // BEGIN and COMMIT (or ROLLBACK)
-	tx, err := s.wdb.BeginTx(ctx, nil)
+	tx, err := s.wdb.BeginTx(s.wstmts.statementContext(ctx), nil)
 	if err != nil {
 		return err
 	}
