@@ -100,9 +100,9 @@ func open(uri string, p pacing) (*DB, error) {
 	read.SetMaxIdleConns(8)
 	write := sql.OpenDB(connector{dsn: dsn, driver: &sqlite3.SQLiteDriver{
 		ConnectHook: func(c *sqlite3.SQLiteConn) error {
-			// The checkpointer does it (see checkpointer). After the log
-			// starts over, SQLite cuts the file back to this size.
-			_, err := c.Exec("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = "+strconv.Itoa(p.bigLog*4096), nil)
+			// The checkpointer does it (see checkpointer). When the log
+			// starts over, SQLite cuts its file back to this size.
+			_, err := c.Exec("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = "+strconv.Itoa(p.restartPages*4096), nil)
 			return err
 		},
 	}})
