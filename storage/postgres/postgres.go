@@ -22,7 +22,77 @@ var Schema = map[string]string{
 	"{{COUNT_CLAIMS}}": "",
 	// Claims lock the oldest key through the index (see migration 5).
 	"{{DROP_CLAIM_INDEX}}": "",
+	"{{TEXT_AS_BYTES}}":    textAsBytes,
 }
+
+// textAsBytes gives every text column the "C" collation (migration 6).
+const textAsBytes = `ALTER TABLE access_tokens
+	ALTER COLUMN token_hash TYPE TEXT COLLATE "C",
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C";
+ALTER TABLE accounts
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN password_hash TYPE TEXT COLLATE "C";
+ALTER TABLE device_list_changes
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C";
+ALTER TABLE devices
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN display_name TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_json TYPE TEXT COLLATE "C",
+	ALTER COLUMN last_seen_ip TYPE TEXT COLLATE "C";
+ALTER TABLE fallback_keys
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN algorithm TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_json TYPE TEXT COLLATE "C";
+ALTER TABLE inbound_transactions
+	ALTER COLUMN origin TYPE TEXT COLLATE "C",
+	ALTER COLUMN txn_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN response TYPE TEXT COLLATE "C";
+ALTER TABLE memberships
+	ALTER COLUMN room_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN membership TYPE TEXT COLLATE "C";
+ALTER TABLE one_time_key_counts
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN algorithm TYPE TEXT COLLATE "C";
+ALTER TABLE one_time_keys
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN algorithm TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_json TYPE TEXT COLLATE "C";
+ALTER TABLE outbound_device_updates
+	ALTER COLUMN destination TYPE TEXT COLLATE "C",
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C";
+ALTER TABLE outbound_last_sent
+	ALTER COLUMN destination TYPE TEXT COLLATE "C",
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C";
+ALTER TABLE outbound_leases
+	ALTER COLUMN destination TYPE TEXT COLLATE "C",
+	ALTER COLUMN owner TYPE TEXT COLLATE "C";
+ALTER TABLE remote_device_lists
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN server_name TYPE TEXT COLLATE "C";
+ALTER TABLE remote_devices
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN device_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN display_name TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_json TYPE TEXT COLLATE "C";
+ALTER TABLE remote_stream_ids
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C";
+ALTER TABLE server_keys
+	ALTER COLUMN server_name TYPE TEXT COLLATE "C",
+	ALTER COLUMN key_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN public_key TYPE TEXT COLLATE "C";
+ALTER TABLE stale_device_lists
+	ALTER COLUMN user_id TYPE TEXT COLLATE "C",
+	ALTER COLUMN server_name TYPE TEXT COLLATE "C";`
 
 // IsURI reports whether uri names a PostgreSQL database.
 func IsURI(uri string) bool {

@@ -32,6 +32,8 @@ BEGIN
 	UPDATE one_time_key_counts SET unclaimed = unclaimed - 1
 	WHERE user_id = old.user_id AND device_id = old.device_id AND algorithm = old.algorithm; END;`,
 	"{{DROP_CLAIM_INDEX}}": "DROP INDEX one_time_keys_claim;",
+	// SQLite compares text as bytes unless told otherwise.
+	"{{TEXT_AS_BYTES}}": "",
 }
 
 // IsURI reports whether uri names an SQLite database: "file:..." or a plain

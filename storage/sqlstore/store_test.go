@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -316,6 +317,60 @@ func TestUploadNamingManyAlgorithms(t *testing.T) {
 					t.Fatalf("%d algorithms, upload %d: %v", n, round+1, err)
 				}
 			}
+		}
+	})
+}
+
+// Text compares as bytes on both databases: every text column of the
+// schema has PostgreSQL's "C" collation (SQLite's default is bytewise), so
+// that walking an index never calls strcoll and no two columns differ.
+func TestTextComparesAsBytes(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		s := open(t, db)
+		if s.Dialect() == "postgres" {
+			rows, err := s.DB().Query(`SELECT table_name, column_name, COALESCE(collation_name, '') FROM information_schema.columns
+				WHERE table_schema = current_schema() AND data_type = 'text' AND table_name <> 'schema_migrations'
+				ORDER BY table_name, column_name`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			n := 0
+			for rows.Next() {
+				var table, column, collation string
+				if err := rows.Scan(&table, &column, &collation); err != nil {
+					t.Fatal(err)
+				}
+				if collation != "C" {
+					t.Errorf("%s.%s has collation %q, want \"C\"", table, column, collation)
+				}
+				n++
+			}
+			if err := rows.Err(); err != nil || n < 20 {
+				t.Fatalf("%d text columns seen (%v)", n, err)
+			}
+		}
+		ctx := context.Background()
+		for _, u := range []string{"@a:x", "@B:x", "@é:x", "@z:x"} {
+			if _, err := s.CreateAccount(ctx, u, "hash", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows, err := s.DB().Query(`SELECT user_id FROM accounts ORDER BY user_id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got []string
+		for rows.Next() {
+			var u string
+			if err := rows.Scan(&u); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, u)
+		}
+		if strings.Join(got, " ") != "@B:x @a:x @z:x @é:x" {
+			t.Fatalf("user IDs in order: %v", got)
 		}
 	})
 }
