@@ -47,6 +47,15 @@ func canonical(raw json.RawMessage) ([]byte, error) {
 	return canonicalDecoded(raw)
 }
 
+// canonicalOfDecoded is canonical for raw that was just decoded whole, and
+// so is known to be valid JSON: it skips CanonicalJSON's second check.
+func canonicalOfDecoded(raw json.RawMessage) ([]byte, error) {
+	if plainObject(raw) {
+		return gomatrixserverlib.CanonicalJSONAssumeValid(raw), nil
+	}
+	return canonicalDecoded(raw)
+}
+
 // plainObject reports whether raw is an object whose top-level member names
 // are all distinct and none is "unsigned". Names are compared unescaped.
 func plainObject(raw []byte) bool {
@@ -207,7 +216,7 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		if key.missing() {
 			return nil, mxerr.InvalidParam("%s: the device has no identity keys to verify %s with; upload device_keys first", field, name)
 		}
-		c, err := canonical(raw)
+		c, err := canonicalOfDecoded(raw) // decoded into k above
 		if err != nil {
 			return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 		}
@@ -251,23 +260,18 @@ func orderedObject(field string, raw json.RawMessage) ([]member, error) {
 	if t[0] != '{' {
 		return nil, mxerr.BadJSON("%s must be an object", field)
 	}
-	dec := json.NewDecoder(bytes.NewReader(t))
-	if _, err := dec.Token(); err != nil { // the opening brace
-		return nil, mxerr.BadJSON("%s: %v", field, err)
+	// gjson walks the members without decoding them, several times faster
+	// than json.Decoder's tokens; it does not check the syntax, so that is
+	// done first (a value from a decoded request is valid already, but
+	// this must not depend on the caller).
+	if !gjson.ValidBytes(t) {
+		return nil, mxerr.BadJSON("%s is not valid JSON", field)
 	}
 	var out []member
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, mxerr.BadJSON("%s: %v", field, err)
-		}
-		name, _ := tok.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, mxerr.BadJSON("%s: %v", field, err)
-		}
-		out = append(out, member{Name: name, Value: v})
-	}
+	gjson.ParseBytes(t).ForEach(func(k, v gjson.Result) bool {
+		out = append(out, member{Name: k.String(), Value: json.RawMessage(v.Raw)})
+		return true
+	})
 	return out, nil
 }
 
