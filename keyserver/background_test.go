@@ -277,7 +277,7 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 		}
 		return pos
 	}
-	login("D1") // not queued: nobody remote shares a room yet
+	d1 := login("D1") // not queued: nobody remote shares a room yet
 	for _, u := range []string{alice, "@bob:remote.test"} {
 		if _, err := db.SetMembership(ctx, "!r:x", u, storage.MembershipJoin, 0); err != nil {
 			t.Fatal(err)
@@ -293,9 +293,11 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	if len(pending) != 2 || pending[0].StreamID != int64(latest) || pending[1].StreamID != int64(d2) {
 		t.Fatalf("pending %+v, want D1 at %d and D2 at %d", pending, latest, d2)
 	}
-	// Never sent here: the chain starts at the change before.
-	if pending[0].PrevID != int64(latest)-1 || pending[1].PrevID != int64(latest) {
-		t.Fatalf("prev_ids %d, %d", pending[0].PrevID, pending[1].PrevID)
+	// Never sent here: the chain starts at the last change before the room
+	// was shared (what a fetch of the list then reports), not at the
+	// replaced "one", which never went out.
+	if pending[0].PrevID != int64(d1) || pending[1].PrevID != int64(latest) {
+		t.Fatalf("prev_ids %d, %d, want %d, %d", pending[0].PrevID, pending[1].PrevID, d1, latest)
 	}
 
 	clk := newFakeClock()

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"strings"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -35,8 +36,8 @@ func (s *Store) OutboundQueue(ctx context.Context) (map[string]int, error) {
 // oldest first, each with the device's current state and the prev_id that
 // keeps the destination's chain of the user's stream_ids unbroken: the
 // last stream_id delivered there, the previous update in this batch, or,
-// for a destination never sent this user's updates, the user's previous
-// change (which it knows only if it fetched the list since).
+// for a destination never sent this user's updates, where its chain
+// starts (see chainStart).
 func (s *Store) PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error) {
 	rows, err := s.q.QueryContext(ctx, `
 		SELECT o.user_id, o.device_id, o.stream_id, l.stream_id, d.user_id IS NULL, d.key_json, d.display_name
@@ -75,16 +76,50 @@ func (s *Store) PendingUpdates(ctx context.Context, destination string, limit in
 		} else if lastSent[i].Valid {
 			u.PrevID = lastSent[i].Int64
 		} else {
-			var p sql.NullInt64
-			if err := s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1 AND pos < $2`,
-				u.UserID, u.StreamID).Scan(&p); err != nil {
+			p, err := s.chainStart(ctx, destination, u.UserID, u.StreamID)
+			if err != nil {
 				return nil, err
 			}
-			u.PrevID = p.Int64
+			u.PrevID = p
 		}
 		prev[u.UserID] = u.StreamID
 	}
 	return out, nil
+}
+
+// chainStart is the prev_id of the first update of userID sent to a
+// destination: the user's newest change from before the destination began
+// sharing a room with them, and before the update itself. That is the
+// stream_id its first fetch of the list reports; every later change was
+// queued for it. It is not simply the change before the update: a queued
+// update is replaced by a newer change of its device, so that change may
+// never have been sent, and a prev_id naming it makes the destination
+// resync although it missed nothing.
+func (s *Store) chainStart(ctx context.Context, destination, userID string, before int64) (int64, error) {
+	var since sql.NullInt64
+	if err := s.q.QueryRowContext(ctx, sharingSinceQuery, userID, likeServer(destination)).Scan(&since); err != nil {
+		return 0, err
+	}
+	if since.Valid {
+		before = min(before, since.Int64)
+	}
+	var p sql.NullInt64
+	err := s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1 AND pos < $2`,
+		userID, before).Scan(&p)
+	return p.Int64, err
+}
+
+// sharingSinceQuery finds the position since which user $1 has shared a
+// room with a user matching $2: in each room, the later of the two joins.
+const sharingSinceQuery = `
+	SELECT MIN(CASE WHEN mine.pos > theirs.pos THEN mine.pos ELSE theirs.pos END)
+	FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
+	WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join'
+	AND theirs.user_id LIKE $2 ESCAPE '\'`
+
+// likeServer matches the user IDs of a server with LIKE ... ESCAPE '\'.
+func likeServer(serverName string) string {
+	return "%:" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(serverName)
 }
 
 // MarkUpdatesSent records a delivered batch: each update leaves the queue
