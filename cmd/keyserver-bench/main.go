@@ -5,7 +5,9 @@
 // Set-up registers users with devices, uploads really signed device keys
 // and one-time keys. Then each phase runs for a fixed time with concurrent
 // clients: query (keys of random users), claim (one key of a random
-// device), upload (fresh one-time keys) and mixed (80/10/10). It checks
+// device), upload (fresh one-time keys to a random device with room for
+// them, as a client that reads its key count would) and mixed (80/10/10).
+// It checks
 // what it measures: no claimed key may be handed out twice, and a sample of
 // queried device keys must carry valid signatures.
 package main
@@ -45,6 +47,7 @@ type options struct {
 	phases                      string
 	seed                        uint64
 	presign                     int
+	keyCap                      int
 }
 
 func main() {
@@ -53,6 +56,8 @@ func main() {
 	flag.IntVar(&o.users, "users", 200, "users to register")
 	flag.IntVar(&o.devices, "devices", 2, "devices per user")
 	flag.IntVar(&o.otks, "otks", 50, "one-time keys uploaded per device at set-up")
+	flag.IntVar(&o.keyCap, "key-cap", 500, "unclaimed one-time keys a server keeps per device: uploads go to devices with room below it, "+
+		"as a client uploads only when its count is low")
 	flag.IntVar(&o.clients, "clients", 16, "concurrent clients")
 	flag.IntVar(&o.queryUsers, "query-users", 20, "users named in each /keys/query")
 	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
@@ -98,6 +103,9 @@ type device struct {
 	nextKey                 atomic.Int64
 	presigned               [][]byte // upload bodies signed in advance
 	nextPresigned           atomic.Int64
+	// unclaimed is the device's signed_curve25519 count as the server last
+	// reported it. Claims since can only have lowered it.
+	unclaimed atomic.Int64
 }
 
 // uploadBody returns the body of an upload of n fresh one-time keys: one
@@ -336,10 +344,12 @@ func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
 			"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
 			"keys":       map[string]string{"curve25519:" + d.deviceID: b64(curve), "ed25519:" + d.deviceID: b64(priv.Public().(ed25519.PublicKey))},
 		}, d)
+		var counts uploadCounts
 		if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token,
-			map[string]any{"device_keys": keys, "one_time_keys": d.oneTimeKeys(b.o.otks)}, nil); err != nil {
+			map[string]any{"device_keys": keys, "one_time_keys": d.oneTimeKeys(b.o.otks)}, &counts); err != nil {
 			return nil, err
 		}
+		d.unclaimed.Store(counts.OneTimeKeyCounts["signed_curve25519"])
 		out = append(out, d)
 	}
 	return out, nil
@@ -431,9 +441,39 @@ func (b *bench) claim(ctx context.Context, rng *mrand.Rand) error {
 	return nil
 }
 
+// deviceWithRoom picks a random device, or the next one after it that has
+// room for n more keys below the cap; the random one if none has.
+func (b *bench) deviceWithRoom(rng *mrand.Rand, n int) *device {
+	first := rng.IntN(len(b.devices))
+	for j := range b.devices {
+		d := b.devices[(first+j)%len(b.devices)]
+		if d.unclaimed.Load()+int64(n) <= int64(b.o.keyCap) {
+			return d
+		}
+	}
+	return b.devices[first]
+}
+
+// uploadCounts is the answer to an upload.
+type uploadCounts struct {
+	OneTimeKeyCounts map[string]int64 `json:"one_time_key_counts"`
+}
+
+// uploadKeys uploads fresh keys to a random device that has room for them
+// below the server's cap: at thousands of uploads a second, random devices
+// would otherwise reach the cap within a phase, which no client does (it
+// uploads when its count runs low). When no device has room the upload
+// goes ahead, and its refusal counts as an error.
 func (b *bench) uploadKeys(ctx context.Context, rng *mrand.Rand) error {
-	d := b.devices[rng.IntN(len(b.devices))]
-	return b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), nil)
+	d := b.deviceWithRoom(rng, b.o.upload)
+	var counts uploadCounts
+	if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
+		return err
+	}
+	if n, ok := counts.OneTimeKeyCounts["signed_curve25519"]; ok {
+		d.unclaimed.Store(n)
+	}
+	return nil
 }
 
 type phaseResult struct {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	mrand "math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -30,5 +32,31 @@ func TestBenchAgainstServer(t *testing.T) {
 		if f := strings.Fields(line); len(f) == 7 && f[0] != "phase" && f[6] != "0" {
 			t.Fatalf("errors in a phase: %s\n%s", line, out.String())
 		}
+	}
+}
+
+// Uploads go to devices with room below the cap, as clients' do, and only
+// to a full one when every device is full.
+func TestUploadsGoWhereThereIsRoom(t *testing.T) {
+	b := &bench{o: options{keyCap: 20}}
+	for i := 0; i < 8; i++ {
+		d := &device{deviceID: fmt.Sprint("D", i)}
+		d.unclaimed.Store(18)
+		b.devices = append(b.devices, d)
+	}
+	b.devices[5].unclaimed.Store(15)
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	for range 100 {
+		if d := b.deviceWithRoom(rng, 5); d != b.devices[5] {
+			t.Fatalf("picked %s (%d keys), the only device with room for 5 is D5", d.deviceID, d.unclaimed.Load())
+		}
+	}
+	b.devices[5].unclaimed.Store(16)
+	seen := map[*device]bool{}
+	for range 200 {
+		seen[b.deviceWithRoom(rng, 5)] = true
+	}
+	if len(seen) < 6 {
+		t.Fatalf("with every device full the pick stays random; %d of 8 devices picked", len(seen))
 	}
 }
