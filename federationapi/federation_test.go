@@ -3,6 +3,7 @@ package federationapi_test
 import (
 	"context"
 	"net"
+	"net/url"
 	"testing"
 	"time"
 
@@ -155,4 +156,46 @@ func TestRemoteTimeout(t *testing.T) {
 	if elapsed := time.Since(start); elapsed > 10*time.Second {
 		t.Fatalf("query took %v with a 1 s timeout", elapsed)
 	}
+}
+
+// Every device in a key query carries an "unsigned" object, an empty one
+// when there is no display name to show (a remote user's devices with
+// allow_device_names off): a missing member is re-encoded as null by some
+// servers, and clients then drop the device. It holds for local and remote
+// users on /keys/query, for /user/keys/query and for /user/devices.
+func TestUnsignedAlwaysPresent(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, db, nil)
+		b := testutil.StartNode(t, testutil.SQLite(t), nil) // device names not shown over federation
+		origin := testutil.NewOrigin(t)
+		bob := a.Register(t, "bob", "BOBDEV")
+		a.Upload(t, bob, map[string]any{"device_keys": bob.DeviceKeys(t)})
+		alice := b.Register(t, "alice", "ALICEDEV")
+		b.Must(t, "PUT", "/_matrix/client/v3/devices/ALICEDEV", alice.Token, map[string]string{"display_name": "Alice's phone"})
+		b.Upload(t, alice, map[string]any{"device_keys": alice.DeviceKeys(t)})
+
+		emptyUnsigned := func(where string, dev any) {
+			t.Helper()
+			u, ok := dev.(map[string]any)["unsigned"].(map[string]any)
+			if !ok || len(u) != 0 {
+				t.Fatalf("%s: unsigned is %#v, want {}", where, dev.(map[string]any)["unsigned"])
+			}
+		}
+		// A local device without a display name.
+		r := query(t, a, bob, map[string][]string{bob.UserID: {}}, 10000)
+		emptyUnsigned("local /keys/query", devicesOf(t, r, bob.UserID)["BOBDEV"])
+		// A remote device whose name its server keeps to itself.
+		r = query(t, a, bob, map[string][]string{alice.UserID: {}}, 10000)
+		emptyUnsigned("remote /keys/query", devicesOf(t, r, alice.UserID)["ALICEDEV"])
+		// What B tells other servers.
+		fr := testutil.SendTo(t, b, origin.SignedRequest(t, "POST", b.ServerName, "/_matrix/federation/v1/user/keys/query",
+			map[string]any{"device_keys": map[string][]string{alice.UserID: {}}}, "", nil))
+		emptyUnsigned("/user/keys/query", devicesOf(t, fr.Body, alice.UserID)["ALICEDEV"])
+		fr = testutil.SendTo(t, b, origin.SignedRequest(t, "GET", b.ServerName, devicesPath+url.PathEscape(alice.UserID), nil, "", nil))
+		devices, _ := fr.Body["devices"].([]any)
+		if fr.Status != 200 || len(devices) != 1 {
+			t.Fatalf("/user/devices: %d %s", fr.Status, fr.Raw)
+		}
+		emptyUnsigned("/user/devices", devices[0].(map[string]any)["keys"])
+	})
 }

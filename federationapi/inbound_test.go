@@ -3,6 +3,7 @@ package federationapi_test
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"fmt"
 	"net/http"
 	"net/url"
 	"testing"
@@ -99,9 +100,12 @@ func TestInboundKeyEndpoints(t *testing.T) {
 			if r.Status != 200 || dev == nil || testutil.Canonical(t, dev) != testutil.Canonical(t, keys) || len(dk) != 1 {
 				t.Fatalf("query: %d %s", r.Status, r.Raw)
 			}
-			_, hasName := dev["unsigned"]
-			if hasName != node.Config.Federation.AllowDeviceNames {
-				t.Fatalf("allow_device_names=%v but unsigned is %v", node.Config.Federation.AllowDeviceNames, dev["unsigned"])
+			unsigned, ok := dev["unsigned"].(map[string]any)
+			if !ok {
+				t.Fatalf("unsigned is %v, want an object", dev["unsigned"])
+			}
+			if _, hasName := unsigned["device_display_name"]; hasName != node.Config.Federation.AllowDeviceNames {
+				t.Fatalf("allow_device_names=%v but unsigned is %v", node.Config.Federation.AllowDeviceNames, unsigned)
 			}
 
 			// /user/devices: the devices with keys and the current stream_id.
@@ -113,6 +117,10 @@ func TestInboundKeyEndpoints(t *testing.T) {
 			d := devices[0].(map[string]any)
 			if d["device_id"] != "ALICEDEV" || testutil.Canonical(t, d["keys"]) != testutil.Canonical(t, keys) {
 				t.Fatalf("device %v", d)
+			}
+			// The keys carry "unsigned" as /user/keys/query has them.
+			if u, ok := d["keys"].(map[string]any)["unsigned"].(map[string]any); !ok || fmt.Sprint(u) != fmt.Sprint(unsigned) {
+				t.Fatalf("/user/devices keys.unsigned is %v, /user/keys/query has %v", d["keys"].(map[string]any)["unsigned"], unsigned)
 			}
 			if (d["device_display_name"] == "phone") != node.Config.Federation.AllowDeviceNames {
 				t.Fatalf("device_display_name %v with allow_device_names=%v", d["device_display_name"], node.Config.Federation.AllowDeviceNames)

@@ -92,9 +92,14 @@ func (s *Service) FederationUserDevices(ctx context.Context, userID string) (fed
 	}
 	out := fedclient.UserDevices{UserID: userID, StreamID: streamID, Devices: []fedclient.UserDevice{}}
 	for _, d := range devices {
-		ud := fedclient.UserDevice{DeviceID: d.DeviceID, Keys: d.KeyJSON}
+		ud := fedclient.UserDevice{DeviceID: d.DeviceID}
 		if s.opts.DeviceNamesOverFederation {
 			ud.DisplayName = d.DisplayName
+		}
+		// The keys are the same object /user/keys/query answers, "unsigned"
+		// included.
+		if ud.Keys, err = withUnsigned(d.KeyJSON, ud.DisplayName); err != nil {
+			return fedclient.UserDevices{}, err
 		}
 		out.Devices = append(out.Devices, ud)
 	}

@@ -363,7 +363,8 @@ func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (Quer
 }
 
 // localDeviceKeys returns the device keys of local users (an empty device
-// list: all devices), with display names when withNames.
+// list: all devices), each with "unsigned", holding the display name when
+// withNames.
 func (s *Service) localDeviceKeys(ctx context.Context, users map[string][]string, withNames bool) (map[string]map[string]json.RawMessage, error) {
 	out := make(map[string]map[string]json.RawMessage, len(users))
 	ids := make([]string, 0, len(users))
@@ -384,7 +385,7 @@ func (s *Service) localDeviceKeys(ctx context.Context, users map[string][]string
 		if !withNames {
 			name = nil
 		}
-		keys, err := withDisplayName(d.KeyJSON, name)
+		keys, err := withUnsigned(d.KeyJSON, name)
 		if err != nil {
 			return nil, err
 		}
@@ -402,16 +403,21 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// withDisplayName adds unsigned.device_display_name to stored device keys.
-func withDisplayName(keyJSON []byte, name *string) (json.RawMessage, error) {
-	if name == nil {
-		return keyJSON, nil
-	}
+// withUnsigned adds the "unsigned" object to stored device keys, holding
+// the device's display name when name is set and empty otherwise. It is
+// always there, as Synapse sends it: a server that re-encodes a missing
+// "unsigned" as null makes Element's Rust crypto drop the device.
+func withUnsigned(keyJSON []byte, name *string) (json.RawMessage, error) {
 	// Keys this server stored are a canonical JSON object with members and
 	// without "unsigned" (it is removed on upload), so the member can be
 	// added at the end without decoding the object; anything else is
 	// decoded and encoded again.
 	if n := len(keyJSON); n > 2 && keyJSON[0] == '{' && keyJSON[1] == '"' && keyJSON[n-1] == '}' && !bytes.Contains(keyJSON, []byte(`"unsigned"`)) {
+		if name == nil {
+			out := make([]byte, 0, n+15)
+			out = append(out, keyJSON[:n-1]...)
+			return append(out, `,"unsigned":{}}`...), nil
+		}
 		out := make([]byte, 0, n+40+len(*name))
 		out = append(out, keyJSON[:n-1]...)
 		out = append(out, `,"unsigned":{"device_display_name":`...)
@@ -422,9 +428,15 @@ func withDisplayName(keyJSON []byte, name *string) (json.RawMessage, error) {
 	if err := json.Unmarshal(keyJSON, &obj); err != nil {
 		return nil, err
 	}
-	unsigned, err := json.Marshal(map[string]string{"device_display_name": *name})
-	if err != nil {
-		return nil, err
+	if obj == nil {
+		return nil, errors.New("device keys are not a JSON object")
+	}
+	unsigned := json.RawMessage(`{}`)
+	if name != nil {
+		var err error
+		if unsigned, err = json.Marshal(map[string]string{"device_display_name": *name}); err != nil {
+			return nil, err
+		}
 	}
 	obj["unsigned"] = unsigned
 	return json.Marshal(obj)

@@ -55,20 +55,29 @@ func TestAppendString(t *testing.T) {
 	}
 }
 
-// Adding the display name without decoding the stored object gives the
-// same object as decoding and encoding it, and objects that already hold
-// "unsigned" get it replaced, not duplicated.
-func TestWithDisplayName(t *testing.T) {
-	for _, tc := range []struct{ keys, name, want string }{
-		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, "Phone", `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{"device_display_name":"Phone"}}`},
-		{`{"device_id":"D"}`, `Bob's "work" laptop é`, `{"device_id":"D","unsigned":{"device_display_name":"Bob's \"work\" laptop é"}}`},
-		{`{"device_id":"D","unsigned":{"x":1}}`, "N", `{"device_id":"D","unsigned":{"device_display_name":"N"}}`},
-		{`{}`, "N", `{"unsigned":{"device_display_name":"N"}}`},
-		{`{ }`, "N", `{"unsigned":{"device_display_name":"N"}}`},
-		{` {"a":1} `, "N", `{"a":1,"unsigned":{"device_display_name":"N"}}`},
+// Adding "unsigned" without decoding the stored object gives the same
+// object as decoding and encoding it; objects that already hold "unsigned"
+// get it replaced, not duplicated; without a display name it is an empty
+// object, never left out.
+func TestWithUnsigned(t *testing.T) {
+	for _, tc := range []struct {
+		keys string
+		name *string
+		want string
+	}{
+		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, ptr("Phone"), `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{"device_display_name":"Phone"}}`},
+		{`{"device_id":"D"}`, ptr(`Bob's "work" laptop é`), `{"device_id":"D","unsigned":{"device_display_name":"Bob's \"work\" laptop é"}}`},
+		{`{"device_id":"D","unsigned":{"x":1}}`, ptr("N"), `{"device_id":"D","unsigned":{"device_display_name":"N"}}`},
+		{`{}`, ptr("N"), `{"unsigned":{"device_display_name":"N"}}`},
+		{`{ }`, ptr("N"), `{"unsigned":{"device_display_name":"N"}}`},
+		{` {"a":1} `, ptr("N"), `{"a":1,"unsigned":{"device_display_name":"N"}}`},
+		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, nil, `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{}}`},
+		{`{"device_id":"D","unsigned":{"x":1}}`, nil, `{"device_id":"D","unsigned":{}}`},
+		{`{}`, nil, `{"unsigned":{}}`},
+		{` {"a":1} `, nil, `{"a":1,"unsigned":{}}`},
+		{`{"a":1}`, ptr(""), `{"a":1,"unsigned":{"device_display_name":""}}`},
 	} {
-		name := tc.name
-		got, err := withDisplayName([]byte(tc.keys), &name)
+		got, err := withUnsigned([]byte(tc.keys), tc.name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,10 +87,14 @@ func TestWithDisplayName(t *testing.T) {
 		}
 		_ = json.Unmarshal([]byte(tc.want), &b)
 		if fmt.Sprint(a) != fmt.Sprint(b) {
-			t.Fatalf("%s + %q:\n got %s\nwant %s", tc.keys, tc.name, got, tc.want)
+			t.Fatalf("%s + %v:\n got %s\nwant %s", tc.keys, tc.name, got, tc.want)
 		}
 	}
-	if got, _ := withDisplayName([]byte(`{"a":1}`), nil); string(got) != `{"a":1}` {
-		t.Fatalf("no name changed the keys: %s", got)
+	for _, bad := range []string{`null`, `[1]`, `"x"`} {
+		if _, err := withUnsigned([]byte(bad), nil); err == nil {
+			t.Fatalf("%s: no error", bad)
+		}
 	}
 }
+
+func ptr(s string) *string { return &s }

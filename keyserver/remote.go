@@ -80,7 +80,7 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 				if len(want) > 0 && !contains(want, d.DeviceID) {
 					continue
 				}
-				js, err := withDisplayName(d.KeyJSON, d.DisplayName)
+				js, err := withUnsigned(d.KeyJSON, d.DisplayName)
 				if err != nil {
 					continue // stored canonical JSON always parses
 				}
