@@ -82,6 +82,11 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
 	r.Use(metrics.Middleware("federation"))
 	r.HandleFunc("/_matrix/key/v2/server", a.serverKeys).Methods(http.MethodGet)
+	// The deprecated form naming a key ID, which peers and test tools still
+	// fetch: the key ID is ignored and the same keys are answered, as
+	// Synapse does.
+	r.HandleFunc("/_matrix/key/v2/server/", a.serverKeys).Methods(http.MethodGet)
+	r.HandleFunc("/_matrix/key/v2/server/{keyId}", a.serverKeys).Methods(http.MethodGet)
 	r.HandleFunc("/_matrix/federation/v1/version", func(w http.ResponseWriter, req *http.Request) {
 		httpx.JSON(w, http.StatusOK, map[string]any{"server": map[string]string{"name": "keyserver", "version": Version}})
 	}).Methods(http.MethodGet)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"testing"
 	"time"
 
@@ -80,5 +81,63 @@ func TestRateLimitPerServer(t *testing.T) {
 	}
 	if r := query(); r.Status != 429 || r.Errcode() != "M_LIMIT_EXCEEDED" {
 		t.Fatalf("over the limit: %d %s", r.Status, r.Raw)
+	}
+}
+
+// The deprecated path naming a key ID, still fetched by peers and test
+// tools, answers what /_matrix/key/v2/server answers, whatever the ID.
+func TestServerKeysByKeyID(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), nil)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	fetch := func(path string) (int, map[string]json.RawMessage, []byte) {
+		t.Helper()
+		resp, err := c.Get("https://" + n.Config.Federation.Listen + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var body map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &body); err != nil {
+			t.Fatalf("%s: not JSON: %s", path, raw)
+		}
+		return resp.StatusCode, body, raw
+	}
+	_, want, _ := fetch("/_matrix/key/v2/server")
+	var keyID string
+	var verifyKeys map[string]any
+	if err := json.Unmarshal(want["verify_keys"], &verifyKeys); err != nil || len(verifyKeys) != 1 {
+		t.Fatalf("verify_keys %s", want["verify_keys"])
+	}
+	for id := range verifyKeys {
+		keyID = id
+	}
+	for _, path := range []string{
+		"/_matrix/key/v2/server/" + keyID,
+		"/_matrix/key/v2/server/" + url.PathEscape(keyID),
+		"/_matrix/key/v2/server/ed25519:unknown",
+		"/_matrix/key/v2/server/",
+	} {
+		status, got, raw := fetch(path)
+		if status != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, status, raw)
+		}
+		// valid_until_ts and so the signature follow the clock; the rest is
+		// the same object.
+		for _, field := range []string{"server_name", "verify_keys", "old_verify_keys"} {
+			if string(got[field]) != string(want[field]) {
+				t.Fatalf("%s: %s is %s, want %s", path, field, got[field], want[field])
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: members differ:\n%s", path, raw)
+		}
+		var keys gomatrixserverlib.ServerKeys
+		if err := json.Unmarshal(raw, &keys); err != nil {
+			t.Fatal(err)
+		}
+		if checks, _ := gomatrixserverlib.CheckKeys(spec.ServerName(n.ServerName), time.Now(), keys); !checks.AllChecksOK {
+			t.Fatalf("%s: key response fails the checks: %+v\n%s", path, checks, raw)
+		}
 	}
 }
