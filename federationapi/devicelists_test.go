@@ -33,6 +33,10 @@ func newFakeRemote(t *testing.T, localpart string) *fakeRemote {
 	f := &fakeRemote{Origin: testutil.NewOrigin(t), t: t, devices: map[string]*testutil.User{}, stream: 5}
 	f.user = "@" + localpart + ":" + f.Name
 	f.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("user") != f.user { // the ID went through the URL intact
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
 		f.resyncs.Add(1)
 		if f.broken.Load() {
 			w.WriteHeader(http.StatusInternalServerError)
@@ -186,6 +190,64 @@ func TestIncomingUpdates(t *testing.T) {
 		}
 		if stranger.resyncs.Load() != 0 || syncToken(t, a, alice) != before {
 			t.Fatal("an update about an untracked user was acted on")
+		}
+	})
+}
+
+// Users of other servers with historical IDs (upper case, and the other
+// printable characters the old grammar allowed) are handled like any
+// other: their lists are fetched, their updates applied, their keys
+// queried and claimed.
+func TestHistoricalUserIDs(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, db, nil)
+		alice := a.Register(t, "alice", "")
+		for _, localpart := range []string{"Alice", "x!#$%&'()*+,;<=>?@[\\]^_`{|}~\"/.-Z"} {
+			remote := newFakeRemote(t, localpart)
+			remote.addDevice("PHONE")
+			remote.Mux.HandleFunc("POST /_matrix/federation/v1/user/keys/claim", func(w http.ResponseWriter, r *http.Request) {
+				remote.mu.Lock()
+				defer remote.mu.Unlock()
+				writeJSON(w, map[string]any{"one_time_keys": map[string]any{remote.user: map[string]any{
+					"PHONE": map[string]any{"signed_curve25519:K1": remote.devices["PHONE"].SignedKey(t, false)}}}})
+			})
+			room := "!room" + fmt.Sprint(len(localpart)) + ":x"
+			a.Join(t, room, alice.UserID)
+			a.Join(t, room, remote.user)
+			eventually(t, "the first resync of "+remote.user, func() bool { return notStale(a, remote.user) })
+			if got := deviceIDs(t, a, alice, remote.user); !sameSet(got, "PHONE") {
+				t.Fatalf("%s: cached list %v", remote.user, got)
+			}
+
+			// An update in sequence is applied as it comes, with no resync.
+			since := syncToken(t, a, alice)
+			if r := remote.send(a, remote.nextTxn(), remote.addDevice("LAPTOP")); r.Status != 200 {
+				t.Fatalf("send: %d %s", r.Status, r.Raw)
+			}
+			if got := deviceIDs(t, a, alice, remote.user); !sameSet(got, "PHONE", "LAPTOP") {
+				t.Fatalf("%s: after /send: %v", remote.user, got)
+			}
+			if n := remote.resyncs.Load(); n != 1 {
+				t.Fatalf("%s: %d resyncs, want 1", remote.user, n)
+			}
+			if changed := changedSince(t, a, alice, since); !changed[remote.user] {
+				t.Fatalf("%s not in alice's changes: %v", remote.user, changed)
+			}
+			// A deletion too.
+			if r := remote.send(a, remote.nextTxn(), remote.deleteDevice("LAPTOP")); r.Status != 200 {
+				t.Fatalf("send: %d %s", r.Status, r.Raw)
+			}
+			if got := deviceIDs(t, a, alice, remote.user); !sameSet(got, "PHONE") {
+				t.Fatalf("%s: after a deletion: %v", remote.user, got)
+			}
+
+			// Claims reach the user's server and the key is passed on.
+			c := a.Must(t, "POST", "/_matrix/client/v3/keys/claim", alice.Token, map[string]any{
+				"one_time_keys": map[string]any{remote.user: map[string]string{"PHONE": "signed_curve25519"}}})
+			keys, _ := c["one_time_keys"].(map[string]any)[remote.user].(map[string]any)["PHONE"].(map[string]any)
+			if keys["signed_curve25519:K1"] == nil {
+				t.Fatalf("%s: claim %v", remote.user, c)
+			}
 		}
 	})
 }

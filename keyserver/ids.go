@@ -12,9 +12,12 @@ import (
 	"github.com/keyserver/keyserver/internal/mxerr"
 )
 
-// ParseUserID checks that id is a Matrix user ID (historical localparts
-// allowed, as they may still come from other servers) and returns its
-// server name.
+// ParseUserID checks that id is a Matrix user ID and returns its server
+// name. Historical localparts (any printable ASCII but ':', upper case
+// included) are allowed: other servers made them before the grammar was
+// narrowed, and the spec requires them to be accepted. Every user ID this
+// server reads from a client or another server goes through here; only the
+// IDs it creates itself follow the strict grammar (validLocalpart).
 func ParseUserID(id string) (server string, ok bool) {
 	u, err := spec.NewUserID(id, true)
 	if err != nil || u.Local() == "" {

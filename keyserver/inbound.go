@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
-	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/metrics"
@@ -102,9 +101,11 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 		log.WithField("content", string(content)).Debug("dropped a malformed m.device_list_update")
 		return "", nil
 	}
-	// Historical (non-compliant) user IDs must not reach clients.
-	u, err := spec.NewUserID(c.UserID, false)
-	if err != nil || string(u.Domain()) != origin {
+	// Historical user IDs (upper case and the other characters the old
+	// grammar allowed) are accepted, as the spec requires of IDs other
+	// servers made: dropping their updates would leave their lists stale
+	// while /keys/query and the admin API accept the same users.
+	if server, ok := ParseUserID(c.UserID); !ok || server != origin {
 		log.WithField("user_id", c.UserID).Debug("dropped an m.device_list_update for a user not on its origin")
 		return "", nil
 	}
