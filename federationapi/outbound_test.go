@@ -128,3 +128,78 @@ func TestFailingServerBacksOff(t *testing.T) {
 		t.Fatalf("after recovery: %v", r)
 	}
 }
+
+// Claimed keys the other server has handed over are spent there: a key
+// this server cannot check (a plain curve25519 key, an algorithm it does
+// not know, a device whose keys it does not have) is passed on unchanged;
+// only a signed_curve25519 key that fails the check against its device's
+// key is dropped, as are keys that were not asked for.
+func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		bob := n.Register(t, "bob", "")
+		o := testutil.NewOrigin(t)
+		dev := map[string]remoteUser{}
+		for _, id := range []string{"PLAIN", "NEWALG", "SIGNED", "BADSIG", "UNLISTED", "WRONGALG"} {
+			dev[id] = newRemoteUser(t, o, "carol", id)
+		}
+		dave := newRemoteUser(t, o, "dave", "DAVEDEV")
+		carolID := dev["PLAIN"].UserID
+
+		o.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
+			if r.PathValue("user") != carolID { // dave's list cannot be had
+				w.WriteHeader(http.StatusNotFound)
+				writeJSON(w, map[string]string{"errcode": "M_NOT_FOUND", "error": "no such user"})
+				return
+			}
+			devices := []any{}
+			for _, id := range []string{"PLAIN", "NEWALG", "SIGNED", "BADSIG", "WRONGALG"} {
+				devices = append(devices, map[string]any{"device_id": id, "keys": dev[id].DeviceKeys(t)})
+			}
+			writeJSON(w, map[string]any{"user_id": carolID, "stream_id": 3, "devices": devices})
+		})
+		bad := dev["BADSIG"].SignedKey(t, false)
+		bad["key"] = testutil.RandomKey() // no longer what was signed
+		sent := map[string]any{
+			carolID: map[string]any{
+				"PLAIN":    map[string]any{"curve25519:P1": testutil.RandomKey()},
+				"NEWALG":   map[string]any{"org.example.new:K1": map[string]any{"key": "not base64!", "extra": []any{1, "two"}}},
+				"SIGNED":   map[string]any{"signed_curve25519:S1": dev["SIGNED"].SignedKey(t, false)},
+				"BADSIG":   map[string]any{"signed_curve25519:B1": bad},
+				"UNLISTED": map[string]any{"signed_curve25519:U1": dev["UNLISTED"].SignedKey(t, false)},
+				"WRONGALG": map[string]any{"curve25519:W1": testutil.RandomKey()},
+				"NOTASKED": map[string]any{"signed_curve25519:N1": dev["SIGNED"].SignedKey(t, false)},
+			},
+			dave.UserID: map[string]any{"DAVEDEV": map[string]any{"signed_curve25519:D1": dave.SignedKey(t, true)}},
+		}
+		o.Mux.HandleFunc("POST /_matrix/federation/v1/user/keys/claim", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, map[string]any{"one_time_keys": sent})
+		})
+
+		c := n.Must(t, "POST", "/_matrix/client/v3/keys/claim", bob.Token, map[string]any{"one_time_keys": map[string]any{
+			carolID: map[string]string{"PLAIN": "curve25519", "NEWALG": "org.example.new", "SIGNED": "signed_curve25519",
+				"BADSIG": "signed_curve25519", "UNLISTED": "signed_curve25519", "WRONGALG": "signed_curve25519"},
+			dave.UserID: map[string]string{"DAVEDEV": "signed_curve25519"},
+		}})
+		if f := failuresOf(c); len(f) != 0 {
+			t.Fatalf("failures %v", f)
+		}
+		got := c["one_time_keys"].(map[string]any)
+		want := map[string][]string{
+			carolID:     {"PLAIN", "NEWALG", "SIGNED", "UNLISTED"},
+			dave.UserID: {"DAVEDEV"},
+		}
+		for userID, devices := range want {
+			byDevice, _ := got[userID].(map[string]any)
+			if len(byDevice) != len(devices) {
+				t.Fatalf("%s: got devices %v, want %v", userID, byDevice, devices)
+			}
+			for _, id := range devices {
+				wantKeys := sent[userID].(map[string]any)[id]
+				if testutil.Canonical(t, byDevice[id]) != testutil.Canonical(t, wantKeys) {
+					t.Fatalf("%s %s: passed on %v, the server sent %v", userID, id, byDevice[id], wantKeys)
+				}
+			}
+		}
+	})
+}

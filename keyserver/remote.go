@@ -217,9 +217,7 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 }
 
 // claimRemote claims keys of remote devices, one batched request per
-// server, all servers at once. A claimed key is kept only when it carries
-// a valid signature of its device, whose keys come from the device-list
-// cache (fetched when needed).
+// server, all servers at once, and passes on what verifiedClaims keeps.
 func (s *Service) claimRemote(ctx context.Context, remote map[string]map[string]map[string]string, res *ClaimResponse) {
 	type claimed struct {
 		server string
@@ -253,46 +251,65 @@ func (s *Service) claimRemote(ctx context.Context, remote map[string]map[string]
 	}
 }
 
-// verifiedClaims keeps the claimed keys that the server was asked for and
-// that are signed by their device.
+// verifiedClaims keeps, for every device the server was asked about, one
+// claimed key of the algorithm asked for. The server has already spent the
+// keys, so only a key known to be bad is dropped (and logged): a
+// signed_curve25519 key that is malformed or not signed by its device's
+// ed25519 key. Keys this server cannot check are passed on unchanged, for
+// the client to judge: other algorithms (a plain "curve25519" string, an
+// algorithm this server does not know), and keys of a device whose keys
+// are not known here (its list could not be fetched, or does not hold it).
 func (s *Service) verifiedClaims(ctx context.Context, server string, req map[string]map[string]string,
 	got map[string]map[string]map[string]json.RawMessage) map[string]map[string]map[string]json.RawMessage {
-	var users []string
-	for userID := range got {
-		if req[userID] != nil {
-			users = append(users, userID)
+	var users []string // those with a key whose signature can be checked
+	for userID, devices := range got {
+		for deviceID := range devices {
+			if req[userID][deviceID] == "signed_curve25519" {
+				users = append(users, userID)
+				break
+			}
 		}
 	}
-	lists, err := s.remoteDeviceLists(ctx, server, users)
-	if err != nil && lists == nil {
-		s.logger(ctx).WithFields(logrus.Fields{"server": server, "error": err.Error()}).Warn("cannot check claimed keys: device keys unknown")
-		return nil
+	sort.Strings(users)
+	var lists map[string]*storage.RemoteDeviceList
+	if len(users) > 0 {
+		var err error
+		if lists, err = s.remoteDeviceLists(ctx, server, users); err != nil {
+			s.logger(ctx).WithFields(logrus.Fields{"server": server, "error": err.Error()}).
+				Info("some claimed keys are passed on unchecked: their devices' keys are unknown")
+		}
 	}
 	out := map[string]map[string]map[string]json.RawMessage{}
-	for _, userID := range users {
-		l := lists[userID]
-		if l == nil {
-			continue
-		}
+	for userID, devices := range got {
 		identity := map[string]string{}
-		for _, d := range l.Devices {
-			if dk, err := ParseDeviceKeys(d.KeyJSON); err == nil {
-				identity[d.DeviceID] = dk.Ed25519()
+		if l := lists[userID]; l != nil {
+			for _, d := range l.Devices {
+				if ed, _, err := storedIdentityKeys(d.KeyJSON); err == nil {
+					identity[d.DeviceID] = ed
+				}
 			}
 		}
-		for deviceID, keys := range got[userID] {
+		for deviceID, keys := range devices {
 			alg, asked := req[userID][deviceID]
-			if !asked || identity[deviceID] == "" {
+			if !asked {
 				continue
 			}
-			for name, key := range keys {
+			names := make([]string, 0, len(keys))
+			for name := range keys {
+				names = append(names, name)
+			}
+			sort.Strings(names)
+			for _, name := range names {
+				key := keys[name]
 				if a, _, err := parseKeyName(name); err != nil || a != alg {
-					continue
+					continue // not what was asked for
 				}
-				if _, err := checkOneTimeKey("one_time_keys", name, key, userID, deviceID, newIdentityKey(identity[deviceID])); err != nil || !isSignedAlgorithm(alg) {
-					s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": deviceID, "key": name}).
-						Warn("dropped a claimed key without a valid device signature")
-					continue
+				if alg == "signed_curve25519" && identity[deviceID] != "" {
+					if _, err := checkOneTimeKey("one_time_keys", name, key, userID, deviceID, newIdentityKey(identity[deviceID])); err != nil {
+						s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": deviceID, "key": name, "error": err.Error()}).
+							Warn("dropped a claimed key without a valid device signature")
+						continue
+					}
 				}
 				if out[userID] == nil {
 					out[userID] = map[string]map[string]json.RawMessage{}
