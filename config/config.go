@@ -59,6 +59,7 @@ type Config struct {
 	ClientAPI  ClientAPIConfig  `yaml:"client_api"`
 	Federation FederationConfig `yaml:"federation"`
 	Metrics    MetricsConfig    `yaml:"metrics"`
+	Keys       KeysConfig       `yaml:"keys"`
 }
 
 // LogConfig is the "log" section.
@@ -131,6 +132,17 @@ type MetricsConfig struct {
 	Listen string `yaml:"listen"`
 	// PProf serves /debug/pprof/ on the metrics listener. Default false.
 	PProf bool `yaml:"pprof"`
+}
+
+// KeysConfig is the "keys" section: how keys uploaded by clients are
+// checked.
+type KeysConfig struct {
+	// StrictValidation requires device keys signed by the device itself,
+	// ed25519 and curve25519 values that are 32-byte base64, and signed
+	// one-time and fallback keys signed by the device. false checks only
+	// the shape of what is uploaded, as Synapse does, for deployments whose
+	// clients or test tools upload placeholder keys. Default true.
+	StrictValidation bool `yaml:"strict_validation"`
 }
 
 // OldVerifyKey is a retired signing key's public half and when it stopped
@@ -224,6 +236,9 @@ func Default() *Config {
 			OldVerifyKeys:      map[string]OldVerifyKey{},
 			RateLimitPerSecond: 100,
 			RateLimitBurst:     400,
+		},
+		Keys: KeysConfig{
+			StrictValidation: true,
 		},
 	}
 }

@@ -382,13 +382,14 @@ func TestKeys(t *testing.T) {
 		"metrics.listen", "metrics.pprof",
 		"client_api.rate_limit_per_second", "client_api.rate_limit_burst",
 		"federation.rate_limit_per_second", "federation.rate_limit_burst",
+		"keys.strict_validation",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 26 {
-		t.Errorf("Keys() has %d keys, want 26: %q", len(keys), keys)
+	if len(keys) != 27 {
+		t.Errorf("Keys() has %d keys, want 27: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.

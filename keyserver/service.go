@@ -38,6 +38,11 @@ type Options struct {
 	DeviceNamesOverFederation bool
 	Logger                    logrus.FieldLogger
 	Now                       func() time.Time // the clock; time.Now when nil
+
+	// LaxKeyValidation checks only the shape of uploaded keys, not their
+	// signatures or key values (keys.strict_validation: false); the zero
+	// value is the strict default.
+	LaxKeyValidation bool
 }
 
 // Service is the keyserver's domain layer.

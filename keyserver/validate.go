@@ -98,10 +98,19 @@ func canonicalValue(raw json.RawMessage) ([]byte, error) {
 	return gomatrixserverlib.CanonicalJSON(raw)
 }
 
-// ParseDeviceKeys checks the shape of a DeviceKeys object: every field
-// present with its type, key names "<algorithm>:<device_id>", ed25519 and
-// curve25519 values 32-byte base64. It does not check the signature.
-func ParseDeviceKeys(raw json.RawMessage) (*DeviceKeys, error) {
+// ParseDeviceKeys checks a DeviceKeys object: its shape (see
+// parseDeviceKeys) and ed25519 and curve25519 values that are 32-byte
+// base64. It does not check the signature.
+func ParseDeviceKeys(raw json.RawMessage) (*DeviceKeys, error) { return parseDeviceKeys(raw, true) }
+
+// parseDeviceKeys checks the shape of a DeviceKeys object: every field
+// present with its type (user_id and device_id strings, algorithms a list
+// of non-empty strings, keys an object of strings, signatures an object of
+// objects of strings), key names "<algorithm>:<device_id>", and an
+// ed25519:<device_id> key among them. With wellFormedKeys, ed25519 and
+// curve25519 values must also be 32-byte base64; without, any string is
+// taken (keys.strict_validation: false, for placeholder keys).
+func parseDeviceKeys(raw json.RawMessage, wellFormedKeys bool) (*DeviceKeys, error) {
 	var f struct {
 		UserID     *string                      `json:"user_id"`
 		DeviceID   *string                      `json:"device_id"`
@@ -138,7 +147,7 @@ func ParseDeviceKeys(raw json.RawMessage) (*DeviceKeys, error) {
 		if !ok || alg == "" || id != d.DeviceID {
 			return nil, mxerr.InvalidParam("device_keys.keys: key name %q must be <algorithm>:%s", name, d.DeviceID)
 		}
-		if alg == "ed25519" || alg == "curve25519" {
+		if wellFormedKeys && (alg == "ed25519" || alg == "curve25519") {
 			if b, err := decodeBase64(value); err != nil || len(b) != 32 {
 				return nil, mxerr.InvalidParam("device_keys.keys: %s is not a 32-byte base64 key", name)
 			}
@@ -231,6 +240,46 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		}
 		if b, err := decodeBase64(s); err != nil || len(b) != 32 {
 			return nil, mxerr.InvalidParam("%s.%s is not a 32-byte base64 key", field, name)
+		}
+	default:
+		if !isObject && !isString {
+			return nil, mxerr.BadJSON("%s.%s must be a string or an object", field, name)
+		}
+	}
+	c, err := canonicalValue(raw)
+	if err != nil {
+		return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
+	}
+	return c, nil
+}
+
+// checkOneTimeKeyShape checks one one-time or fallback key as
+// checkOneTimeKey does, but only its shape, with neither the key value nor
+// a signature checked (keys.strict_validation: false, for placeholder
+// keys): a signed algorithm's key is an object with a string "key" and a
+// "signatures" object of objects of strings; a "curve25519" key is a
+// string; other algorithms a string or an object. It returns the key's
+// canonical JSON.
+func checkOneTimeKeyShape(field, name string, raw json.RawMessage) ([]byte, error) {
+	alg, _, err := parseKeyName(name)
+	if err != nil {
+		return nil, err
+	}
+	t := bytes.TrimSpace(raw)
+	isObject := len(t) > 0 && t[0] == '{'
+	isString := len(t) > 0 && t[0] == '"'
+	switch {
+	case isSignedAlgorithm(alg):
+		var k struct {
+			Key        *string                      `json:"key"`
+			Signatures map[string]map[string]string `json:"signatures"`
+		}
+		if !isObject || json.Unmarshal(raw, &k) != nil || k.Key == nil || k.Signatures == nil {
+			return nil, mxerr.BadJSON("%s.%s must be an object with a string \"key\" and a \"signatures\" object", field, name)
+		}
+	case alg == "curve25519":
+		if !isString {
+			return nil, mxerr.BadJSON("%s.%s must be a string", field, name)
 		}
 	default:
 		if !isObject && !isString {

@@ -321,3 +321,31 @@ func TestCanonicalFastPathMatchesDecoded(t *testing.T) {
 		}
 	}
 }
+
+// In lax mode a key is stored in the same canonical form as in strict
+// mode, so that an identical upload is recognised whichever mode stored it.
+func TestCheckOneTimeKeyShapeSameCanonicalForm(t *testing.T) {
+	v := loadRealClientKeys(t)
+	for _, c := range v.Clients {
+		dk, err := ParseDeviceKeys(c.DeviceKeys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lax, err := parseDeviceKeys(c.DeviceKeys, false)
+		if err != nil || !bytes.Equal(lax.Canonical, dk.Canonical) {
+			t.Fatalf("%s device keys: lax %v %s, strict %s", c.UserID, err, lax.Canonical, dk.Canonical)
+		}
+		for field, keys := range map[string]map[string]json.RawMessage{"one_time_keys": c.OneTimeKeys, "fallback_keys": c.FallbackKeys} {
+			for name, k := range keys {
+				strict, err := checkOneTimeKey(field, name, k, c.UserID, c.DeviceID, newIdentityKey(dk.Ed25519()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				shape, err := checkOneTimeKeyShape(field, name, k)
+				if err != nil || !bytes.Equal(shape, strict) {
+					t.Fatalf("%s %s: lax %v %s, strict %s", c.UserID, name, err, shape, strict)
+				}
+			}
+		}
+	}
+}

@@ -209,6 +209,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		MaxOneTimeKeys:            cfg.ClientAPI.MaxOneTimeKeysPerDevice,
 		SyncMaxTimeout:            cfg.ClientAPI.SyncMaxTimeout.Duration(),
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
+		LaxKeyValidation:          !cfg.Keys.StrictValidation,
 		SendWait:                  cfg.Federation.SendWait.Duration(),
 		Logger:                    log,
 	}
