@@ -133,10 +133,10 @@ func loadConfig(args []string, stderr io.Writer, usage string) (*config.Config, 
 		return nil, nil, err
 	}
 	cfg := config.Default()
+	var loadErr error // values of the file that did not fit, reported with the rest
 	if *configPath != "" {
-		var err error
-		if cfg, err = config.Load(*configPath); err != nil {
-			return nil, nil, err
+		if cfg, loadErr = config.Load(*configPath); cfg == nil {
+			return nil, nil, loadErr
 		}
 	}
 	keys := make([]string, 0, len(values))
@@ -149,7 +149,7 @@ func loadConfig(args []string, stderr io.Writer, usage string) (*config.Config, 
 			return nil, nil, fmt.Errorf("--%s: %w", flagName(k), err)
 		}
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := config.Problems(loadErr, cfg.Validate()); err != nil {
 		return nil, nil, err
 	}
 	return cfg, fs.Args(), nil

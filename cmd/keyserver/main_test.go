@@ -59,6 +59,28 @@ func TestBadArgumentsFailWithOneLine(t *testing.T) {
 	}
 }
 
+// A type error in the file is reported with every other problem, the
+// flags' included, in one line.
+func TestConfigProblemsReportedTogether(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "k.yaml")
+	if err := os.WriteFile(path, []byte("client_api:\n  bcrypt_cost: \"abc\"\n  registration: sometimes\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--config", path, "--server-name", "not a name"}, &out, &out)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"abc", "registration", "server_name"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error spans lines: %q", err)
+	}
+}
+
 // Flags win over the file, and the daemon runs until its context ends.
 func TestFlagsOverrideConfigFile(t *testing.T) {
 	dir := t.TempDir()
