@@ -282,12 +282,14 @@ func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log 
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		metrics.OutboundFailures.Inc()
 		wait := backoff(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
 		var be *fedclient.BackoffError
 		if errors.As(err, &be) {
+			metrics.OutboundSkipped.Inc()
 			attempt-- // the client refused without trying: not an attempt
 			wait = max(be.Until.Sub(s.o.Clock.Now()), time.Millisecond)
+		} else {
+			metrics.OutboundFailures.Inc()
 		}
 		if attempt == 5 {
 			log.WithError(err).Warn("device-list updates cannot be delivered; retrying with backoff")
