@@ -160,12 +160,13 @@ func loadConfig(args []string, stdout, stderr io.Writer, usage string) (*config.
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	problems := []error{loadErr}
 	for _, k := range keys {
 		if err := cfg.Set(k, values[k]); err != nil {
-			return nil, nil, fmt.Errorf("--%s: %w", flagName(k), err)
+			problems = append(problems, fmt.Errorf("--%s: %w", flagName(k), err))
 		}
 	}
-	if err := config.Problems(loadErr, cfg.Validate()); err != nil {
+	if err := config.Problems(append(problems, cfg.Validate())...); err != nil {
 		return nil, nil, err
 	}
 	return cfg, fs.Args(), nil

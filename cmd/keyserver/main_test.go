@@ -68,11 +68,11 @@ func TestConfigProblemsReportedTogether(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	err := run(context.Background(), []string{"--config", path, "--server-name", "not a name"}, nil, &out, &out)
+	err := run(context.Background(), []string{"--config", path, "--server-name", "not a name", "--federation-send-wait", "soon"}, nil, &out, &out)
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	for _, want := range []string{"abc", "registration", "server_name"} {
+	for _, want := range []string{"abc", "registration", "server_name", "--federation-send-wait", "soon"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
