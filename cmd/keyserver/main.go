@@ -163,7 +163,7 @@ func loadConfig(args []string, stdout, stderr io.Writer, usage string) (*config.
 	problems := []error{loadErr}
 	for _, k := range keys {
 		if err := cfg.Set(k, values[k]); err != nil {
-			problems = append(problems, fmt.Errorf("--%s: %w", flagName(k), err))
+			problems = append(problems, fmt.Errorf("--%s: %s", flagName(k), strings.TrimPrefix(err.Error(), "config: ")))
 		}
 	}
 	if err := config.Problems(append(problems, cfg.Validate())...); err != nil {
