@@ -254,6 +254,12 @@ func DefaultYAML() []byte {
 // settings that differ. Unknown keys are an error, because a misspelt key
 // would otherwise be silently ignored and its default used. An empty file
 // gives the defaults. Load does not call Validate.
+//
+// When the file is well-formed YAML but some values do not fit their
+// settings (a wrong type, an unknown key), the error lists them all and
+// Load returns the configuration too, with the file's other values, so
+// that the caller can go on to validate it and report every problem in one
+// message (see Problems). On any other error the configuration is nil.
 func Load(path string) (*Config, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -264,10 +270,37 @@ func Load(path string) (*Config, error) {
 
 	c := Default()
 	if err := decodeInto(f, c); err != nil {
-		return nil, fmt.Errorf("config: %s: %w", path, err)
+		err = fmt.Errorf("config: %s: %w", path, err)
+		var pe *partialError
+		if errors.As(err, &pe) {
+			return c, err
+		}
+		return nil, err
 	}
 	return c, nil
 }
+
+// Problems joins the errors of Load and Validate (nil ones ignored) into
+// one error of one line, so that an operator can fix a configuration in
+// one pass.
+func Problems(errs ...error) error {
+	var msgs []string
+	for _, err := range errs {
+		if err != nil {
+			msgs = append(msgs, strings.TrimPrefix(err.Error(), "config: "))
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return errors.New("config: " + strings.Join(msgs, "; "))
+}
+
+// partialError is a decoding error after which the rest of the document
+// was still read (yaml.v3 goes on past values that do not fit).
+type partialError struct{ msg string }
+
+func (e *partialError) Error() string { return e.msg }
 
 // decodeInto overlays the YAML document read from r onto c.
 func decodeInto(r io.Reader, c *Config) error {
@@ -304,7 +337,7 @@ func tidyYAMLError(err error) error {
 		for i, m := range te.Errors {
 			msgs[i] = unknownFieldRE.ReplaceAllString(m, `$1: unknown key "$2"`)
 		}
-		return errors.New(strings.Join(msgs, "; "))
+		return &partialError{strings.Join(msgs, "; ")}
 	}
 	return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
 }

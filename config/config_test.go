@@ -177,6 +177,34 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// A value of the wrong type is reported together with the problems of the
+// other settings, so that one pass fixes the file.
+func TestLoadTypeErrorWithOtherProblems(t *testing.T) {
+	c, err := Load(writeFile(t, "server_name: \"not a name\"\nclient_api:\n  bcrypt_cost: \"abc\"\n  registration: sometimes\n"))
+	if err == nil {
+		t.Fatal("Load accepted a bcrypt_cost of \"abc\"")
+	}
+	if c == nil {
+		t.Fatalf("Load returned no configuration with a type error: %v", err)
+	}
+	all := Problems(err, c.Validate())
+	for _, want := range []string{"keyserver.yaml", "line 3", "abc", "server_name", "registration"} {
+		if !strings.Contains(all.Error(), want) {
+			t.Errorf("error %q does not mention %q", all, want)
+		}
+	}
+	if strings.Count(all.Error(), "config: ") != 1 || strings.Contains(all.Error(), "\n") {
+		t.Errorf("not one message of one line: %q", all)
+	}
+	// A file that is not YAML at all gives no configuration.
+	if c, err := Load(writeFile(t, "server_name: [unclosed\n")); c != nil || err == nil {
+		t.Errorf("syntax error: got %v, %v", c, err)
+	}
+	if Problems(nil, nil) != nil {
+		t.Error("Problems of nothing is an error")
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "absent.yaml")
 	_, err := Load(path)

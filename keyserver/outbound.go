@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/lograte"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -60,6 +61,9 @@ type SenderOptions struct {
 const (
 	maxEDUsPerTransaction = 100
 	leaseTTL              = 2 * time.Minute
+	// dbErrorLogInterval is how often a database error of one kind is
+	// logged by the background workers while it recurs.
+	dbErrorLogInterval = time.Minute
 )
 
 // Sender delivers queued device-list updates.
@@ -69,6 +73,8 @@ type Sender struct {
 	o     SenderOptions
 	owner string // this daemon's name in leases
 	txn   atomic.Int64
+	// dbErrs rate-limits the database errors' log lines.
+	dbErrs *lograte.Limiter
 
 	poke    chan struct{}
 	mu      sync.Mutex
@@ -105,7 +111,8 @@ func NewSender(db storage.Database, tr Transport, o SenderOptions) *Sender {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	s := &Sender{db: db, tr: tr, o: o, owner: hex.EncodeToString(b),
-		poke: make(chan struct{}, 1), workers: map[string]*sendWorker{}}
+		poke: make(chan struct{}, 1), workers: map[string]*sendWorker{},
+		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
 	s.txn.Store(o.Clock.Now().UnixMilli())
 	return s
 }
@@ -140,9 +147,7 @@ func (s *Sender) Poke() {
 func (s *Sender) WakeAll(ctx context.Context) {
 	dests, err := s.db.PendingDestinations(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.o.Logger.WithError(err).Error("reading the outbound queue")
-		}
+		s.dbError(ctx, s.o.Logger, err, "reading the outbound queue")
 		return
 	}
 	for _, d := range dests {
@@ -206,7 +211,7 @@ func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
 			return
 		}
 		if err != nil {
-			log.WithError(err).Error("outbound device-list queue")
+			s.dbError(ctx, log, err, "outbound device-list queue")
 			select { // database trouble: try again shortly
 			case <-s.o.Clock.After(s.o.MinRetry):
 			case <-ctx.Done():
@@ -218,7 +223,10 @@ func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
 		}
 		// Empty: let go of the lease, then look once more, so that updates
 		// queued by another daemon while we held it are not left behind.
-		_ = s.db.ReleaseDestination(ctx, dest, s.owner)
+		if err := s.db.ReleaseDestination(ctx, dest, s.owner); err != nil {
+			// It expires by itself; until then no other daemon sends.
+			s.dbError(ctx, log, err, "releasing a destination's lease")
+		}
 		select {
 		case <-w.wake:
 			continue
@@ -232,6 +240,10 @@ func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
 			return
 		}
 		s.mu.Unlock()
+		if err != nil {
+			// The next round reads the queue again (and waits if it fails).
+			s.dbError(ctx, log, err, "reading the outbound queue")
+		}
 	}
 }
 
@@ -239,7 +251,9 @@ func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
 // start (or another daemon) takes over at once rather than when it expires.
 func (s *Sender) stop(dest string, w *sendWorker) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_ = s.db.ReleaseDestination(ctx, dest, s.owner)
+	if err := s.db.ReleaseDestination(ctx, dest, s.owner); err != nil {
+		s.dbError(ctx, s.o.Logger.WithField("destination", dest), err, "releasing a destination's lease")
+	}
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -282,12 +296,14 @@ func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log 
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		metrics.OutboundFailures.Inc()
 		wait := backoff(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
 		var be *fedclient.BackoffError
 		if errors.As(err, &be) {
+			metrics.OutboundSkipped.Inc()
 			attempt-- // the client refused without trying: not an attempt
 			wait = max(be.Until.Sub(s.o.Clock.Now()), time.Millisecond)
+		} else {
+			metrics.OutboundFailures.Inc()
 		}
 		if attempt == 5 {
 			log.WithError(err).Warn("device-list updates cannot be delivered; retrying with backoff")
@@ -314,10 +330,21 @@ func (s *Sender) sleep(ctx context.Context, dest string, w *sendWorker, wait tim
 		}
 		wait -= step
 		if _, err := s.renew(ctx, dest); err != nil {
+			s.dbError(ctx, s.o.Logger.WithField("destination", dest), err, "renewing a destination's lease")
 			return ctx.Err() == nil
 		}
 	}
 	return true
+}
+
+// dbError logs a database error of the workers, at most once a minute per
+// kind (msg): they meet the same error on every round while the database
+// is unwell. Errors from shutting down are not logged.
+func (s *Sender) dbError(ctx context.Context, log logrus.FieldLogger, err error, msg string) {
+	if ctx.Err() != nil {
+		return
+	}
+	s.dbErrs.Warn(log, err, msg)
 }
 
 func (s *Sender) renew(ctx context.Context, dest string) (bool, error) {

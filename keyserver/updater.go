@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/lograte"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -62,6 +63,8 @@ type Updater struct {
 	o      UpdaterOptions
 	wake   chan struct{}
 	shards []chan storage.StaleUser
+	// dbErrs rate-limits the database errors' log lines.
+	dbErrs *lograte.Limiter
 
 	mu       sync.Mutex
 	inFlight map[string]bool // users handed to a shard and not done
@@ -98,7 +101,8 @@ func NewUpdater(db storage.Database, resync Resyncer, o UpdaterOptions) *Updater
 		o.Jitter = mrand.Int64N
 	}
 	u := &Updater{db: db, resync: resync, o: o, wake: make(chan struct{}, 1),
-		inFlight: map[string]bool{}, deferred: map[string]bool{}}
+		inFlight: map[string]bool{}, deferred: map[string]bool{},
+		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
 	for i := 0; i < o.Shards; i++ {
 		u.shards = append(u.shards, make(chan storage.StaleUser, 64))
 	}
@@ -121,9 +125,12 @@ func (u *Updater) ServerAlive(ctx context.Context, server string) {
 	delete(u.deferred, server)
 	u.mu.Unlock()
 	if held {
-		if err := u.db.RetryServerNow(ctx, server); err == nil {
-			u.Wake()
+		if err := u.db.RetryServerNow(ctx, server); err != nil {
+			// Its users wait out their backoff instead.
+			u.dbError(ctx, u.o.Logger.WithField("server", server), err, "making a server's stale users due")
+			return
 		}
+		u.Wake()
 	}
 }
 
@@ -155,7 +162,9 @@ func (u *Updater) Run(ctx context.Context) {
 	for ctx.Err() == nil {
 		u.dispatch(ctx)
 		wait := time.Minute
-		if at, ok, err := u.db.NextStaleRetry(ctx); err == nil && ok {
+		if at, ok, err := u.db.NextStaleRetry(ctx); err != nil {
+			u.dbError(ctx, u.o.Logger, err, "reading the next stale device list's retry time")
+		} else if ok {
 			wait = min(wait, max(time.UnixMilli(at).Sub(u.o.Clock.Now()), 0))
 		}
 		if wait == 0 {
@@ -178,13 +187,19 @@ func (u *Updater) Run(ctx context.Context) {
 func (u *Updater) spreadStart(ctx context.Context) {
 	now := u.o.Clock.Now()
 	due, err := u.db.DueStaleUsers(ctx, now.UnixMilli(), 100000)
-	if err != nil || len(due) == 0 {
+	if err != nil {
+		// They are then resynced as they come, without the spread.
+		u.dbError(ctx, u.o.Logger, err, "reading stale device lists")
+		return
+	}
+	if len(due) == 0 {
 		return
 	}
 	window := min(time.Duration(len(due))*200*time.Millisecond, u.o.StartSpread)
 	for _, s := range due {
 		at := now.Add(time.Duration(u.o.Jitter(int64(window) + 1)))
 		if err := u.db.RescheduleStale(ctx, s.UserID, s.Attempts, at.UnixMilli()); err != nil {
+			u.dbError(ctx, u.o.Logger, err, "rescheduling a stale device list")
 			return
 		}
 	}
@@ -195,9 +210,7 @@ func (u *Updater) spreadStart(ctx context.Context) {
 func (u *Updater) dispatch(ctx context.Context) {
 	due, err := u.db.DueStaleUsers(ctx, u.o.Clock.Now().UnixMilli(), 256)
 	if err != nil {
-		if ctx.Err() == nil {
-			u.o.Logger.WithError(err).Error("reading stale device lists")
-		}
+		u.dbError(ctx, u.o.Logger, err, "reading stale device lists")
 		return
 	}
 	for _, s := range due {
@@ -242,8 +255,14 @@ func (u *Updater) shard(ctx context.Context, ch chan storage.StaleUser) {
 func (u *Updater) resyncOne(ctx context.Context, s storage.StaleUser) {
 	// Re-read the mark: it may be gone (resynced on demand meanwhile) or
 	// held back by a failure of another user of the server.
-	s, ok, err := u.db.StaleEntry(ctx, s.UserID)
-	if err != nil || !ok || s.RetryAtTS > u.o.Clock.Now().UnixMilli() {
+	userID := s.UserID
+	s, ok, err := u.db.StaleEntry(ctx, userID)
+	if err != nil {
+		// The user stays due: the next round tries again.
+		u.dbError(ctx, u.o.Logger.WithField("user_id", userID), err, "reading a stale device list")
+		return
+	}
+	if !ok || s.RetryAtTS > u.o.Clock.Now().UnixMilli() {
 		return
 	}
 	err = u.resync(ctx, s.ServerName, s.UserID)
@@ -279,11 +298,25 @@ func (u *Updater) resyncOne(ctx context.Context, s storage.StaleUser) {
 		log.WithError(err).Debug("device-list resync failed")
 	}
 	if err := u.db.RescheduleStale(ctx, s.UserID, attempts, at); err != nil {
+		// The user stays due and is retried without its backoff.
+		u.dbError(ctx, log, err, "rescheduling a stale device list")
 		return
 	}
-	if err := u.db.DeferServer(ctx, s.ServerName, at); err == nil {
-		u.mu.Lock()
-		u.deferred[s.ServerName] = true
-		u.mu.Unlock()
+	if err := u.db.DeferServer(ctx, s.ServerName, at); err != nil {
+		// The server's other users are tried as they come due.
+		u.dbError(ctx, log, err, "holding back a failing server's stale device lists")
+		return
 	}
+	u.mu.Lock()
+	u.deferred[s.ServerName] = true
+	u.mu.Unlock()
+}
+
+// dbError logs a database error of the updater, at most once a minute per
+// kind (msg). Errors from shutting down are not logged.
+func (u *Updater) dbError(ctx context.Context, log logrus.FieldLogger, err error, msg string) {
+	if ctx.Err() != nil {
+		return
+	}
+	u.dbErrs.Warn(log, err, msg)
 }

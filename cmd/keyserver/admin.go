@@ -1,11 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
+
+	"golang.org/x/term"
 
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
@@ -14,30 +20,49 @@ import (
 const adminUsage = `keyserver admin COMMAND [flags] ARGS...  (flags before the arguments)
 
 Commands (they work on the configured database, also while the daemon runs):
-  create-user LOCALPART PASSWORD   create an account
+  create-user LOCALPART            create an account; the password is the first
+                                   line of standard input, or is asked for
+                                   (twice, not shown) when that is a terminal
   devices USER_ID                  list a local user's devices
   mark-stale USER_ID               resync a remote user's device list
-  queue                            show the device-list updates waiting per server`
+  queue                            show the device-list updates waiting per server
+
+'keyserver admin COMMAND --help' lists the flags.`
 
 // runAdmin runs an operator command against the database.
-func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runAdmin(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "Usage: "+adminUsage)
+		fmt.Fprintln(stdout, "Usage: "+adminUsage)
 		return fmt.Errorf("admin: a command is needed")
 	}
 	cmd := args[0]
-	want := map[string]int{"create-user": 2, "devices": 1, "mark-stale": 1, "queue": 0}
+	switch cmd {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(stdout, "Usage: "+adminUsage)
+		return nil
+	}
+	want := map[string]int{"create-user": 1, "devices": 1, "mark-stale": 1, "queue": 0}
 	n, ok := want[cmd]
 	if !ok {
 		fmt.Fprintln(stderr, "Usage: "+adminUsage)
 		return fmt.Errorf("admin: unknown command %q", cmd)
 	}
-	cfg, rest, err := loadConfig(args[1:], stderr, adminUsage)
+	cfg, rest, err := loadConfig(args[1:], stdout, stderr, adminUsage)
 	if err != nil {
 		return err
 	}
+	if cmd == "create-user" && len(rest) == 2 {
+		// Not echoed: it is somebody's password.
+		return errors.New("admin create-user takes no password on the command line, where other users and the shell history would see it: give it on standard input or at the prompt")
+	}
 	if len(rest) != n {
 		return fmt.Errorf("admin %s takes %d argument(s), not %d (try --help)", cmd, n, len(rest))
+	}
+	var password string
+	if cmd == "create-user" {
+		if password, err = readPassword(stdin, stderr); err != nil {
+			return err
+		}
 	}
 	store, err := sqlstore.Open(ctx, cfg.DatabaseURI(), cfg.ServerName)
 	if err != nil {
@@ -47,7 +72,7 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ks := keyserver.New(store, keyserver.Options{ServerName: cfg.ServerName, BcryptCost: cfg.ClientAPI.BcryptCost})
 	switch cmd {
 	case "create-user":
-		userID, err := ks.CreateUser(ctx, rest[0], rest[1])
+		userID, err := ks.CreateUser(ctx, rest[0], password)
 		if err != nil {
 			return err
 		}
@@ -90,4 +115,48 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return tw.Flush()
 	}
 	return nil
+}
+
+// maxPasswordInput bounds what is read from standard input for a password
+// (the domain refuses long passwords anyway).
+const maxPasswordInput = 64 << 10
+
+// readPassword reads a new account's password: at a prompt without echo,
+// twice, when stdin is a terminal; otherwise the first line of stdin,
+// without its line ending, so that "printf '%s\n' pw |" and a file both work.
+func readPassword(stdin io.Reader, prompts io.Writer) (string, error) {
+	if f, ok := stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		ask := func(prompt string) (string, error) {
+			fmt.Fprint(prompts, prompt)
+			pw, err := term.ReadPassword(int(f.Fd()))
+			fmt.Fprintln(prompts)
+			if err != nil {
+				return "", fmt.Errorf("read the password: %w", err)
+			}
+			return string(pw), nil
+		}
+		pw, err := ask("Password: ")
+		if err != nil {
+			return "", err
+		}
+		again, err := ask("Password again: ")
+		if err != nil {
+			return "", err
+		}
+		if pw != again {
+			return "", errors.New("the passwords differ")
+		}
+		return pw, nil
+	}
+	if stdin == nil {
+		return "", errors.New("no password on standard input")
+	}
+	line, err := bufio.NewReader(io.LimitReader(stdin, maxPasswordInput)).ReadString('\n')
+	if err != nil && !(errors.Is(err, io.EOF) && line != "") {
+		if errors.Is(err, io.EOF) {
+			return "", errors.New("no password on standard input")
+		}
+		return "", fmt.Errorf("read the password from standard input: %w", err)
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r"), nil
 }

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -34,12 +35,20 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "keyserver:", err)
-		}
-		os.Exit(1)
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "keyserver:", err)
 	}
+	os.Exit(exitCode(err))
+}
+
+// exitCode is 0 for success and for --help (the usage was asked for and
+// printed), 1 otherwise.
+func exitCode(err error) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 1
 }
 
 // aliases are the short flag names for the most used keys; every key is
@@ -68,15 +77,15 @@ func (f *keyFlag) Set(v string) error {
 }
 func (f *keyFlag) IsBoolFlag() bool { return f.isBool }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "generate-config" {
 		_, err := stdout.Write(config.DefaultYAML())
 		return err
 	}
 	if len(args) > 0 && args[0] == "admin" {
-		return runAdmin(ctx, args[1:], stdout, stderr)
+		return runAdmin(ctx, args[1:], stdin, stdout, stderr)
 	}
-	cfg, rest, err := loadConfig(args, stderr, "keyserver [flags]\n       keyserver generate-config\n       keyserver admin COMMAND [flags] ARGS...")
+	cfg, rest, err := loadConfig(args, stdout, stderr, "keyserver [flags]\n       keyserver generate-config\n       keyserver admin COMMAND [flags] ARGS...")
 	if err != nil {
 		return err
 	}
@@ -106,10 +115,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // loadConfig reads the configuration the way every command does: the file
 // named by --config, then the flags on top, then validation. It returns the
-// arguments left after the flags.
-func loadConfig(args []string, stderr io.Writer, usage string) (*config.Config, []string, error) {
+// arguments left after the flags. The usage goes to stdout when --help
+// asked for it, to stderr after a mistake.
+func loadConfig(args []string, stdout, stderr io.Writer, usage string) (*config.Config, []string, error) {
 	fs := flag.NewFlagSet("keyserver", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	var flagOut bytes.Buffer
+	fs.SetOutput(&flagOut)
 	configPath := fs.String("config", "", "read the configuration from this YAML `file` (see 'keyserver generate-config')")
 	values := map[string]string{}
 	defaults := config.Default()
@@ -126,17 +137,22 @@ func loadConfig(args []string, stderr io.Writer, usage string) (*config.Config, 
 		fs.Var(&keyFlag{key: key, set: values, isBool: isBoolKey(defaults, key)}, a, "same as --"+flagName(key))
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags (each overrides the configuration key it names):\n", usage)
+		fmt.Fprintf(&flagOut, "Usage: %s\n\nFlags (each overrides the configuration key it names):\n", usage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			_, _ = stdout.Write(flagOut.Bytes())
+		} else {
+			_, _ = stderr.Write(flagOut.Bytes())
+		}
 		return nil, nil, err
 	}
 	cfg := config.Default()
+	var loadErr error // values of the file that did not fit, reported with the rest
 	if *configPath != "" {
-		var err error
-		if cfg, err = config.Load(*configPath); err != nil {
-			return nil, nil, err
+		if cfg, loadErr = config.Load(*configPath); cfg == nil {
+			return nil, nil, loadErr
 		}
 	}
 	keys := make([]string, 0, len(values))
@@ -144,12 +160,13 @@ func loadConfig(args []string, stderr io.Writer, usage string) (*config.Config, 
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	problems := []error{loadErr}
 	for _, k := range keys {
 		if err := cfg.Set(k, values[k]); err != nil {
-			return nil, nil, fmt.Errorf("--%s: %w", flagName(k), err)
+			problems = append(problems, fmt.Errorf("--%s: %s", flagName(k), strings.TrimPrefix(err.Error(), "config: ")))
 		}
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := config.Problems(append(problems, cfg.Validate())...); err != nil {
 		return nil, nil, err
 	}
 	return cfg, fs.Args(), nil

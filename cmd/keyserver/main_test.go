@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -25,7 +26,7 @@ func freePort(t *testing.T) string {
 
 func TestGenerateConfig(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"generate-config"}, &out, &out); err != nil {
+	if err := run(context.Background(), []string{"generate-config"}, nil, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "k.yaml")
@@ -48,7 +49,7 @@ func TestBadArgumentsFailWithOneLine(t *testing.T) {
 		{"extra"},
 	} {
 		var out bytes.Buffer
-		err := run(context.Background(), args, &out, &out)
+		err := run(context.Background(), args, nil, &out, &out)
 		if err == nil {
 			t.Errorf("%v: accepted", args)
 			continue
@@ -56,6 +57,28 @@ func TestBadArgumentsFailWithOneLine(t *testing.T) {
 		if strings.Contains(err.Error(), "\n") {
 			t.Errorf("%v: error spans lines: %q", args, err)
 		}
+	}
+}
+
+// A type error in the file is reported with every other problem, the
+// flags' included, in one line.
+func TestConfigProblemsReportedTogether(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "k.yaml")
+	if err := os.WriteFile(path, []byte("client_api:\n  bcrypt_cost: \"abc\"\n  registration: sometimes\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--config", path, "--server-name", "not a name", "--federation-send-wait", "soon"}, nil, &out, &out)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"abc", "registration", "server_name", "--federation-send-wait", "soon"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error spans lines: %q", err)
 	}
 }
 
@@ -73,7 +96,7 @@ func TestFlagsOverrideConfigFile(t *testing.T) {
 	var logs bytes.Buffer
 	go func() {
 		done <- run(ctx, []string{"--config", path, "--registration", "open", "--client-listen", client,
-			"--federation-listen", freePort(t), "--data-dir", filepath.Join(dir, "data"), "--server-name", "example.test"}, &logs, &logs)
+			"--federation-listen", freePort(t), "--data-dir", filepath.Join(dir, "data"), "--server-name", "example.test"}, nil, &logs, &logs)
 	}()
 	deadline := time.Now().Add(20 * time.Second)
 	var resp *http.Response
@@ -110,17 +133,44 @@ func TestFlagsOverrideConfigFile(t *testing.T) {
 func TestAdminCommands(t *testing.T) {
 	dir := t.TempDir()
 	common := []string{"--data-dir", dir, "--server-name", "example.test", "--client-api-bcrypt-cost", "4"}
+	stdin := ""
 	admin := func(args ...string) (string, error) {
 		var out, errs bytes.Buffer
 		a := append([]string{"admin", args[0]}, common...)
-		err := run(context.Background(), append(a, args[1:]...), &out, &errs)
+		err := run(context.Background(), append(a, args[1:]...), strings.NewReader(stdin), &out, &errs)
 		return out.String(), err
 	}
-	if out, err := admin("create-user", "Alice", "secret"); err != nil || !strings.Contains(out, "@alice:example.test") {
+	stdin = "secret\nnot this line\n"
+	if out, err := admin("create-user", "Alice"); err != nil || !strings.Contains(out, "@alice:example.test") {
 		t.Fatalf("create-user: %q %v", out, err)
 	}
-	if _, err := admin("create-user", "alice", "again"); err == nil {
+	stdin = "again\n"
+	if _, err := admin("create-user", "alice"); err == nil {
 		t.Fatal("created a user twice")
+	}
+	// A password on the command line is refused, and not repeated.
+	stdin = "pw\n"
+	if _, err := admin("create-user", "carol", "hunter2-on-the-command-line"); err == nil || strings.Contains(err.Error(), "hunter2") ||
+		!strings.Contains(err.Error(), "standard input") {
+		t.Fatalf("password as an argument: %v", err)
+	}
+	stdin = ""
+	if _, err := admin("create-user", "carol"); err == nil || !strings.Contains(err.Error(), "no password") {
+		t.Fatalf("no password on standard input: %v", err)
+	}
+	stdin = "\r\n"
+	if _, err := admin("create-user", "carol"); err == nil {
+		t.Fatal("empty password accepted")
+	}
+	// The last line may lack its newline; a CR before it is not part of
+	// the password.
+	stdin = "bobpw\r\n"
+	if _, err := admin("create-user", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	stdin = "davepw"
+	if _, err := admin("create-user", "dave"); err != nil {
+		t.Fatal(err)
 	}
 	if out, err := admin("devices", "@alice:example.test"); err != nil || !strings.Contains(out, "DEVICE") {
 		t.Fatalf("devices: %q %v", out, err)
@@ -137,7 +187,7 @@ func TestAdminCommands(t *testing.T) {
 	if out, err := admin("queue"); err != nil || !strings.Contains(out, "DESTINATION") {
 		t.Fatalf("queue: %q %v", out, err)
 	}
-	for _, bad := range [][]string{{"frobnicate"}, {"devices"}, {"create-user", "x"}} {
+	for _, bad := range [][]string{{"frobnicate"}, {"devices"}, {"create-user"}, {"create-user", "x", "y", "z"}} {
 		if _, err := admin(bad...); err == nil {
 			t.Errorf("admin %v accepted", bad)
 		}
@@ -148,16 +198,23 @@ func TestAdminCommands(t *testing.T) {
 	done := make(chan error, 1)
 	var logs bytes.Buffer
 	go func() {
-		done <- run(ctx, append([]string{"--client-listen", client, "--federation-listen", freePort(t), "--registration", "closed"}, common...), &logs, &logs)
+		done <- run(ctx, append([]string{"--client-listen", client, "--federation-listen", freePort(t), "--registration", "closed"}, common...), nil, &logs, &logs)
 	}()
 	deadline := time.Now().Add(20 * time.Second)
+	login := func(user, password string) (int, error) {
+		body, _ := json.Marshal(map[string]any{"type": "m.login.password", "identifier": map[string]string{"type": "m.id.user", "user": user}, "password": password})
+		resp, err := http.Post("http://"+client+"/_matrix/client/v3/login", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
 	for {
-		resp, err := http.Post("http://"+client+"/_matrix/client/v3/login", "application/json",
-			strings.NewReader(`{"type":"m.login.password","identifier":{"type":"m.id.user","user":"alice"},"password":"secret"}`))
+		code, err := login("alice", "secret")
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				t.Fatalf("login: %d", resp.StatusCode)
+			if code != 200 {
+				t.Fatalf("login: %d", code)
 			}
 			break
 		}
@@ -166,8 +223,41 @@ func TestAdminCommands(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	for user, pw := range map[string]string{"bob": "bobpw", "dave": "davepw"} {
+		if code, err := login(user, pw); err != nil || code != 200 {
+			t.Errorf("login %s: %d %v", user, code, err)
+		}
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The admin usage is asked for with --help, -h or "help" (stdout, success),
+// and shown on stdout when the command is missing.
+func TestAdminHelp(t *testing.T) {
+	for _, args := range [][]string{{"admin", "--help"}, {"admin", "-h"}, {"admin", "help"}, {"admin"}} {
+		var out, errs bytes.Buffer
+		err := run(context.Background(), args, nil, &out, &errs)
+		if !strings.Contains(out.String(), "create-user LOCALPART") {
+			t.Errorf("%v: usage not on stdout: %q (stderr %q)", args, out.String(), errs.String())
+		}
+		if wantErr := len(args) == 1; (err != nil) != wantErr {
+			t.Errorf("%v: error %v", args, err)
+		}
+	}
+	// A command's --help lists the flags, on stdout, and is a success.
+	var out, errs bytes.Buffer
+	err := run(context.Background(), []string{"admin", "queue", "--help"}, nil, &out, &errs)
+	if exitCode(err) != 0 || !strings.Contains(out.String(), "-data-dir value") || errs.Len() != 0 {
+		t.Errorf("admin queue --help: %v, stdout %q, stderr %q", err, out.String(), errs.String())
+	}
+	// A mistake still shows the usage on stderr, and fails.
+	out.Reset()
+	errs.Reset()
+	err = run(context.Background(), []string{"admin", "queue", "--no-such-flag"}, nil, &out, &errs)
+	if exitCode(err) == 0 || !strings.Contains(errs.String(), "no-such-flag") || out.Len() != 0 {
+		t.Errorf("admin queue --no-such-flag: %v, stdout %q, stderr %q", err, out.String(), errs.String())
 	}
 }

@@ -175,8 +175,16 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
+	// The database first: a start that fails on it (wrong URI, server
+	// down) leaves no signing key or certificate behind, so the next start
+	// does not find identity files it did not expect.
+	store, err := sqlstore.Open(ctx, cfg.DatabaseURI(), cfg.ServerName)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
 	key, created, err := identity.LoadOrCreateSigningKey(cfg.SigningKeyFile())
 	if err != nil {
+		store.Close()
 		return nil, err
 	}
 	if created {
@@ -184,15 +192,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	}
 	cert, created, err := identity.LoadOrCreateTLS(cfg.TLSCertFile(), cfg.TLSKeyFile(), cfg.ServerName, cfg.GeneratedTLS())
 	if err != nil {
+		store.Close()
 		return nil, err
 	}
 	if created {
 		log.WithField("path", cfg.TLSCertFile()).Info("generated a self-signed TLS certificate for the federation listener")
-	}
-
-	store, err := sqlstore.Open(ctx, cfg.DatabaseURI(), cfg.ServerName)
-	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
 	}
 	d := &Daemon{cfg: cfg, log: log, store: store, errc: make(chan error, 2)}
 	if cfg.Federation.TLSInsecureSkipVerify {

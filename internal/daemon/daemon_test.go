@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -143,6 +144,12 @@ func TestStartRejectsBadConfig(t *testing.T) {
 	if _, err := daemon.Start(context.Background(), cfg, quietLogger()); err == nil {
 		t.Fatal("started without a database")
 	}
+	// The failed start left no identity files behind.
+	for _, f := range []string{"signing.key", "tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after a start without a database: %v", f, err)
+		}
+	}
 }
 
 // Metrics are served on their own listener, with request latencies under
@@ -182,4 +189,29 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	get("http://" + d.MetricsAddr() + "/debug/pprof/")
+}
+
+// In a data directory that already exists (made by a package, say), the
+// SQLite database and its log files are still the daemon user's only.
+func TestSQLiteFilesInExistingDataDir(t *testing.T) {
+	cfg := testConfig(t, testutil.SQLite(t))
+	cfg.Database = "" // the default: keyserver.db in the data directory
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.Start(context.Background(), cfg, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Shutdown(context.Background())
+	post(t, "http://"+d.ClientAddr()+"/_matrix/client/v3/register", map[string]any{"username": "alice", "password": "pw", "auth": map[string]string{"type": "m.login.dummy"}})
+	for _, f := range []string{"keyserver.db", "keyserver.db-wal", "keyserver.db-shm"} {
+		fi, err := os.Stat(filepath.Join(cfg.DataDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %#o, want 0600", f, fi.Mode().Perm())
+		}
+	}
 }

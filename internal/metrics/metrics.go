@@ -39,9 +39,14 @@ var (
 	SendWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "keyserver_federation_send_seconds", Help: "Time to process an incoming /send transaction.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)})
-	// OutboundFailures counts failed deliveries of device-list updates.
+	// OutboundFailures counts deliveries of device-list updates that were
+	// tried and failed.
 	OutboundFailures = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "keyserver_outbound_delivery_failures_total", Help: "Failed deliveries of device-list update transactions."})
+		Name: "keyserver_outbound_delivery_failures_total", Help: "Failed deliveries of device-list update transactions (requests that were sent)."})
+	// OutboundSkipped counts deliveries the federation client refused
+	// without a request, because the destination was backing off.
+	OutboundSkipped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "keyserver_outbound_delivery_skipped_total", Help: "Deliveries of device-list update transactions not tried because the destination was backing off."})
 	// FederationFailures counts failed outbound federation requests by
 	// destination (the label is "other" once many destinations were seen).
 	FederationFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -50,7 +55,7 @@ var (
 )
 
 func init() {
-	Registry.MustRegister(requests, OneTimeKeysUploaded, KeysClaimed, Resyncs, SendWait, OutboundFailures, FederationFailures,
+	Registry.MustRegister(requests, OneTimeKeysUploaded, KeysClaimed, Resyncs, SendWait, OutboundFailures, OutboundSkipped, FederationFailures,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }
 

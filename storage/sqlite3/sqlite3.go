@@ -85,6 +85,11 @@ func open(uri string, p pacing) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: bad parameters in %q: %w", uri, err)
 	}
+	if path != ":memory:" && params.Get("mode") != "memory" && params.Get("mode") != "ro" {
+		if err := ownerOnly(path); err != nil {
+			return nil, err
+		}
+	}
 	// busy_timeout must be in force before the journal mode is switched.
 	setDefault(params, "_busy_timeout", "10000")
 	setDefault(params, "_journal_mode", "WAL")
@@ -116,6 +121,38 @@ func open(uri string, p pacing) (*DB, error) {
 	d := &DB{Read: read, Write: write, ckptDB: ckptDB, turn: newWriteTurn()}
 	d.turn.ckpt = startCheckpointer(ckptDB, d.turn, p)
 	return d, nil
+}
+
+// ownerOnly makes the database file, and its log files if they exist,
+// readable and writable by their owner only: they hold password hashes and
+// access tokens. SQLite creates a missing database 0644 (less the umask),
+// and gives its -wal and -shm files the database file's permissions, so the
+// file is created here, empty and 0600, before SQLite opens it; an empty
+// file is a new database to SQLite. Files that already exist with wider
+// permissions (from an older version, or a copy) are narrowed to their
+// owner's bits. A file we cannot narrow (owned by another user) is an
+// error rather than a database left open to others.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("sqlite: %w", err)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm", path + "-journal"} {
+		fi, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("sqlite: %w", err)
+		}
+		if mode := fi.Mode().Perm(); mode&0o077 != 0 {
+			if err := os.Chmod(p, mode&0o700); err != nil {
+				return fmt.Errorf("sqlite: %s is open to other users (mode %#o) and cannot be restricted: %w", p, mode, err)
+			}
+		}
+	}
+	return nil
 }
 
 // LockWrites waits for this process's turn to write (see writeTurn).

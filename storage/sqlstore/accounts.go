@@ -8,9 +8,10 @@ import (
 
 // CreateAccount creates an account and, when login is not nil, logs in its
 // first device, in one transaction.
-func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, login *storage.NewLogin) (storage.LoginResult, error) {
+func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, login *storage.NewLogin) (_ storage.LoginResult, err error) {
+	defer named("CreateAccount", &err)
 	var res storage.LoginResult
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		var ts int64
 		if login != nil {
 			ts = login.TS
@@ -34,15 +35,17 @@ func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, 
 }
 
 // AccountExists reports whether the user has an account.
-func (s *Store) AccountExists(ctx context.Context, userID string) (bool, error) {
+func (s *Store) AccountExists(ctx context.Context, userID string) (_ bool, err error) {
+	defer named("AccountExists", &err)
 	var n int
-	err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM accounts WHERE user_id = $1`, userID).Scan(&n)
+	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM accounts WHERE user_id = $1`, userID).Scan(&n)
 	return n > 0, err
 }
 
 // PasswordHash returns the user's password hash, or storage.ErrNotFound.
-func (s *Store) PasswordHash(ctx context.Context, userID string) (string, error) {
+func (s *Store) PasswordHash(ctx context.Context, userID string) (_ string, err error) {
+	defer named("PasswordHash", &err)
 	var h string
-	err := s.q.QueryRowContext(ctx, `SELECT password_hash FROM accounts WHERE user_id = $1`, userID).Scan(&h)
+	err = s.q.QueryRowContext(ctx, `SELECT password_hash FROM accounts WHERE user_id = $1`, userID).Scan(&h)
 	return h, notFound(err)
 }

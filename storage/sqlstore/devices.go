@@ -10,9 +10,10 @@ import (
 // Login issues an access token for a device, creating the device when it
 // is new. Tokens issued earlier for the same device are revoked: a token is
 // bound to exactly one device, and naming an existing device takes it over.
-func (s *Store) Login(ctx context.Context, login storage.NewLogin) (storage.LoginResult, error) {
+func (s *Store) Login(ctx context.Context, login storage.NewLogin) (_ storage.LoginResult, err error) {
+	defer named("Login", &err)
 	var res storage.LoginResult
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		var err error
 		res, err = s.login(ctx, tx, login)
 		return err
@@ -55,13 +56,14 @@ func (s *Store) login(ctx context.Context, tx *txn, l storage.NewLogin) (storage
 
 // TokenOwner returns the user and device an access token belongs to, from
 // the token cache when it can.
-func (s *Store) TokenOwner(ctx context.Context, tokenHash string) (string, string, error) {
+func (s *Store) TokenOwner(ctx context.Context, tokenHash string) (_ string, _ string, err error) {
+	defer named("TokenOwner", &err)
 	if o, ok := s.tokens.get(tokenHash); ok {
 		return o.userID, o.deviceID, nil
 	}
 	gen, cache := s.tokens.generation()
 	var o tokenOwner
-	err := s.q.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
+	err = s.q.QueryRowContext(ctx, `SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1`, tokenHash).
 		Scan(&o.userID, &o.deviceID)
 	if err == nil && cache {
 		s.tokens.put(gen, tokenHash, o.userID, o)
@@ -105,12 +107,14 @@ func (s *Store) queryDevices(ctx context.Context, query string, params ...any) (
 }
 
 // Devices lists a user's devices ordered by device ID.
-func (s *Store) Devices(ctx context.Context, userID string) ([]storage.Device, error) {
+func (s *Store) Devices(ctx context.Context, userID string) (_ []storage.Device, err error) {
+	defer named("Devices", &err)
 	return s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE user_id = $1 ORDER BY device_id`, userID)
 }
 
 // Device returns one device, or storage.ErrNotFound.
-func (s *Store) Device(ctx context.Context, userID, deviceID string) (storage.Device, error) {
+func (s *Store) Device(ctx context.Context, userID, deviceID string) (_ storage.Device, err error) {
+	defer named("Device", &err)
 	d, err := scanDevice(s.q.QueryRowContext(ctx,
 		`SELECT `+deviceColumns+` FROM devices WHERE user_id = $1 AND device_id = $2`, userID, deviceID))
 	return d, notFound(err)
@@ -122,7 +126,8 @@ func (s *Store) Device(ctx context.Context, userID, deviceID string) (storage.De
 // with the cache and must not be modified. Their last-seen fields may be
 // older than the database's: a login to an existing device updates them
 // without dropping the cache, as nothing that reads this list shows them.
-func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) ([]storage.Device, error) {
+func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) (_ []storage.Device, err error) {
+	defer named("DevicesWithKeys", &err)
 	var out []storage.Device
 	var missing []string
 	for _, u := range userIDs {
@@ -158,9 +163,10 @@ func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) ([]storag
 
 // SetDeviceDisplayName renames a device. Renaming to the current name
 // changes nothing and returns position 0.
-func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (storage.StreamPos, error) {
+func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (_ storage.StreamPos, err error) {
+	defer named("SetDeviceDisplayName", &err)
 	var pos storage.StreamPos
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		var old sql.NullString
 		err := tx.QueryRowContext(ctx, `SELECT display_name FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
 			userID, deviceID).Scan(&old)
@@ -183,7 +189,8 @@ func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name
 // DeleteDevices deletes devices with everything that belongs to them: access
 // tokens, identity keys, one-time and fallback keys. Each deleted device is
 // a device-list change.
-func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []string) ([]string, storage.StreamPos, error) {
+func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []string) (_ []string, _ storage.StreamPos, err error) {
+	defer named("DeleteDevices", &err)
 	var (
 		deleted []string
 		pos     storage.StreamPos
@@ -191,7 +198,7 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 	if deviceIDs != nil && len(deviceIDs) == 0 {
 		return nil, 0, nil
 	}
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		deleted = nil
 		query := `SELECT device_id FROM devices WHERE user_id = $1`
 		if deviceIDs != nil {

@@ -27,7 +27,8 @@ import (
 // and that second run's answer stands. With no key stored before, both runs
 // show decide the same state, so the first run's answer is the same.
 func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
-	decide func(storage.KeyState) (storage.KeyWrite, error)) (storage.UploadResult, error) {
+	decide func(storage.KeyState) (storage.KeyWrite, error)) (_ storage.UploadResult, err error) {
+	defer named("UploadKeys", &err)
 	if len(oneTimeKeyIDs) > 0 {
 		res, err := s.uploadKeys(ctx, userID, deviceID, nil, decide, true)
 		if !errors.Is(err, errNotAllNew) {
@@ -274,7 +275,8 @@ func countKeysQuery(keys []storage.Key, from int) (string, []any) {
 // A claim of a single key needs no transaction around its statement: the
 // statement is one by itself, count included, and PostgreSQL is spared the
 // round trips of BEGIN and COMMIT.
-func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
+func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) (_ []storage.ClaimedKey, err error) {
+	defer named("ClaimKeys", &err)
 	var out []storage.ClaimedKey
 	claim := func(q querier) error {
 		out = out[:0]
@@ -289,7 +291,6 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) ([]s
 		}
 		return nil
 	}
-	var err error
 	if len(reqs) == 1 {
 		err = s.writeStatements(ctx, func(q pool) error { return claim(q) })
 	} else {
@@ -333,7 +334,8 @@ func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest)
 
 // KeyCounts returns a device's unclaimed one-time keys per algorithm and the
 // algorithms whose fallback key has not been handed out, in one query.
-func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (map[string]int, []string, error) {
+func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (_ map[string]int, _ []string, err error) {
+	defer named("KeyCounts", &err)
 	rows, err := s.q.QueryContext(ctx, `
 		SELECT 'otk', algorithm, unclaimed FROM one_time_key_counts WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
 		UNION ALL

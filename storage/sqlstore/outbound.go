@@ -9,12 +9,14 @@ import (
 )
 
 // PendingDestinations lists the servers with updates waiting.
-func (s *Store) PendingDestinations(ctx context.Context) ([]string, error) {
+func (s *Store) PendingDestinations(ctx context.Context) (_ []string, err error) {
+	defer named("PendingDestinations", &err)
 	return s.userList(ctx, `SELECT DISTINCT destination FROM outbound_device_updates`)
 }
 
 // OutboundQueue counts the pending updates per destination.
-func (s *Store) OutboundQueue(ctx context.Context) (map[string]int, error) {
+func (s *Store) OutboundQueue(ctx context.Context) (_ map[string]int, err error) {
+	defer named("OutboundQueue", &err)
 	rows, err := s.q.QueryContext(ctx, `SELECT destination, COUNT(*) FROM outbound_device_updates GROUP BY destination`)
 	if err != nil {
 		return nil, err
@@ -38,7 +40,8 @@ func (s *Store) OutboundQueue(ctx context.Context) (map[string]int, error) {
 // last stream_id delivered there, the previous update in this batch, or,
 // for a destination never sent this user's updates, where its chain
 // starts (see chainStart).
-func (s *Store) PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error) {
+func (s *Store) PendingUpdates(ctx context.Context, destination string, limit int) (_ []storage.OutboundUpdate, err error) {
+	defer named("PendingUpdates", &err)
 	rows, err := s.q.QueryContext(ctx, `
 		SELECT o.user_id, o.device_id, o.stream_id, l.stream_id, d.user_id IS NULL, d.key_json, d.display_name
 		FROM outbound_device_updates o
@@ -125,7 +128,8 @@ func likeServer(serverName string) string {
 // MarkUpdatesSent records a delivered batch: each update leaves the queue
 // unless a newer change of its device replaced it meanwhile, and the
 // destination's last delivered stream_id of each user moves on.
-func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error {
+func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) (err error) {
+	defer named("MarkUpdatesSent", &err)
 	return s.write(ctx, func(tx *txn) error {
 		newest := map[string]int64{}
 		for _, u := range sent {
@@ -149,9 +153,10 @@ func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []
 }
 
 // AcquireDestination takes or renews the lease on sending to destination.
-func (s *Store) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error) {
+func (s *Store) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (_ bool, err error) {
+	defer named("AcquireDestination", &err)
 	var ok bool
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		r, err := tx.ExecContext(ctx, `
 			INSERT INTO outbound_leases (destination, owner, expires_ts) VALUES ($1, $2, $3)
 			ON CONFLICT (destination) DO UPDATE SET owner = excluded.owner, expires_ts = excluded.expires_ts
@@ -168,7 +173,8 @@ func (s *Store) AcquireDestination(ctx context.Context, destination, owner strin
 }
 
 // ReleaseDestination gives up a lease.
-func (s *Store) ReleaseDestination(ctx context.Context, destination, owner string) error {
+func (s *Store) ReleaseDestination(ctx context.Context, destination, owner string) (err error) {
+	defer named("ReleaseDestination", &err)
 	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM outbound_leases WHERE destination = $1 AND owner = $2`, destination, owner)
 		return err
@@ -176,9 +182,10 @@ func (s *Store) ReleaseDestination(ctx context.Context, destination, owner strin
 }
 
 // InboundTransaction returns the stored answer to a transaction.
-func (s *Store) InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error) {
+func (s *Store) InboundTransaction(ctx context.Context, origin, txnID string) (_ []byte, _ bool, err error) {
+	defer named("InboundTransaction", &err)
 	var resp []byte
-	err := s.q.QueryRowContext(ctx, `SELECT response FROM inbound_transactions WHERE origin = $1 AND txn_id = $2`, origin, txnID).Scan(&resp)
+	err = s.q.QueryRowContext(ctx, `SELECT response FROM inbound_transactions WHERE origin = $1 AND txn_id = $2`, origin, txnID).Scan(&resp)
 	if err == sql.ErrNoRows {
 		return nil, false, nil
 	}
@@ -191,7 +198,8 @@ const transactionRetention = 24 * 60 * 60 * 1000
 
 // StoreInboundTransaction keeps a transaction's answer (the first one
 // stored wins) and drops those older than a day.
-func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) error {
+func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID string, response []byte, now int64) (err error) {
+	defer named("StoreInboundTransaction", &err)
 	return s.write(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO inbound_transactions (origin, txn_id, response, received_ts) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (origin, txn_id) DO NOTHING`, origin, txnID, string(response), now); err != nil {
@@ -203,7 +211,8 @@ func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID strin
 }
 
 // DueStaleUsers returns stale users whose retry time has come, earliest first.
-func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) ([]storage.StaleUser, error) {
+func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) (_ []storage.StaleUser, err error) {
+	defer named("DueStaleUsers", &err)
 	rows, err := s.q.QueryContext(ctx, `SELECT user_id, server_name, attempts, retry_at_ts FROM stale_device_lists
 		WHERE retry_at_ts <= $1 ORDER BY retry_at_ts, user_id LIMIT $2`, now, limit)
 	if err != nil {
@@ -222,9 +231,10 @@ func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) ([]stor
 }
 
 // StaleEntry returns a user's stale mark, if any.
-func (s *Store) StaleEntry(ctx context.Context, userID string) (storage.StaleUser, bool, error) {
+func (s *Store) StaleEntry(ctx context.Context, userID string) (_ storage.StaleUser, _ bool, err error) {
+	defer named("StaleEntry", &err)
 	u := storage.StaleUser{UserID: userID}
-	err := s.q.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts FROM stale_device_lists WHERE user_id = $1`, userID).
+	err = s.q.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts FROM stale_device_lists WHERE user_id = $1`, userID).
 		Scan(&u.ServerName, &u.Attempts, &u.RetryAtTS)
 	if err == sql.ErrNoRows {
 		return u, false, nil
@@ -233,21 +243,24 @@ func (s *Store) StaleEntry(ctx context.Context, userID string) (storage.StaleUse
 }
 
 // StaleCount counts the stale users.
-func (s *Store) StaleCount(ctx context.Context) (int, error) {
+func (s *Store) StaleCount(ctx context.Context) (_ int, err error) {
+	defer named("StaleCount", &err)
 	var n int
-	err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM stale_device_lists`).Scan(&n)
+	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM stale_device_lists`).Scan(&n)
 	return n, err
 }
 
 // NextStaleRetry returns the earliest retry time of any stale user.
-func (s *Store) NextStaleRetry(ctx context.Context) (int64, bool, error) {
+func (s *Store) NextStaleRetry(ctx context.Context) (_ int64, _ bool, err error) {
+	defer named("NextStaleRetry", &err)
 	var at sql.NullInt64
-	err := s.q.QueryRowContext(ctx, `SELECT MIN(retry_at_ts) FROM stale_device_lists`).Scan(&at)
+	err = s.q.QueryRowContext(ctx, `SELECT MIN(retry_at_ts) FROM stale_device_lists`).Scan(&at)
 	return at.Int64, at.Valid, err
 }
 
 // RescheduleStale records a failed resync attempt and when to try again.
-func (s *Store) RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error {
+func (s *Store) RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) (err error) {
+	defer named("RescheduleStale", &err)
 	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET attempts = $1, retry_at_ts = $2 WHERE user_id = $3`,
 			attempts, retryAt, userID)
@@ -256,7 +269,8 @@ func (s *Store) RescheduleStale(ctx context.Context, userID string, attempts int
 }
 
 // DeferServer holds back a server's stale users until a time.
-func (s *Store) DeferServer(ctx context.Context, serverName string, until int64) error {
+func (s *Store) DeferServer(ctx context.Context, serverName string, until int64) (err error) {
+	defer named("DeferServer", &err)
 	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET retry_at_ts = $1 WHERE server_name = $2 AND retry_at_ts < $1`,
 			until, serverName)
@@ -265,7 +279,8 @@ func (s *Store) DeferServer(ctx context.Context, serverName string, until int64)
 }
 
 // RetryServerNow makes a server's stale users due at once.
-func (s *Store) RetryServerNow(ctx context.Context, serverName string) error {
+func (s *Store) RetryServerNow(ctx context.Context, serverName string) (err error) {
+	defer named("RetryServerNow", &err)
 	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET retry_at_ts = 0 WHERE server_name = $1 AND retry_at_ts > 0`, serverName)
 		return err

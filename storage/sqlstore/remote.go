@@ -16,9 +16,10 @@ import (
 // as current, and the update carrying the change then dropped as already
 // seen. The position is read first, so a change landing in between is in
 // the list and announced again after it, never in neither.
-func (s *Store) UserDeviceList(ctx context.Context, userID string) (int64, []storage.Device, error) {
+func (s *Store) UserDeviceList(ctx context.Context, userID string) (_ int64, _ []storage.Device, err error) {
+	defer named("UserDeviceList", &err)
 	var id sql.NullInt64
-	err := s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1`, userID).Scan(&id)
+	err = s.q.QueryRowContext(ctx, `SELECT MAX(pos) FROM device_list_changes WHERE user_id = $1`, userID).Scan(&id)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -28,7 +29,8 @@ func (s *Store) UserDeviceList(ctx context.Context, userID string) (int64, []sto
 }
 
 // ServerKeys returns the cached keys of a server among keyIDs.
-func (s *Store) ServerKeys(ctx context.Context, serverName string, keyIDs []string) ([]storage.ServerKey, error) {
+func (s *Store) ServerKeys(ctx context.Context, serverName string, keyIDs []string) (_ []storage.ServerKey, err error) {
+	defer named("ServerKeys", &err)
 	if len(keyIDs) == 0 {
 		return nil, nil
 	}
@@ -50,7 +52,8 @@ func (s *Store) ServerKeys(ctx context.Context, serverName string, keyIDs []stri
 }
 
 // StoreServerKeys caches server keys, replacing what was known of them.
-func (s *Store) StoreServerKeys(ctx context.Context, keys []storage.ServerKey) error {
+func (s *Store) StoreServerKeys(ctx context.Context, keys []storage.ServerKey) (err error) {
+	defer named("StoreServerKeys", &err)
 	if len(keys) == 0 {
 		return nil
 	}
@@ -71,7 +74,8 @@ func (s *Store) StoreServerKeys(ctx context.Context, keys []storage.ServerKey) e
 // RemoteDeviceLists reads the cached lists of the given users in three
 // queries: the lists with their stale marks, their devices, and which of
 // them share a room with a local user.
-func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[string]*storage.RemoteDeviceList, error) {
+func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (_ map[string]*storage.RemoteDeviceList, err error) {
+	defer named("RemoteDeviceLists", &err)
 	out := map[string]*storage.RemoteDeviceList{}
 	if len(userIDs) == 0 {
 		return out, nil
@@ -147,9 +151,10 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (map[st
 }
 
 // ReplaceRemoteDeviceList stores a fetched list in place of the cached one.
-func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.RemoteDeviceList, serverName string) (storage.StreamPos, error) {
+func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.RemoteDeviceList, serverName string) (_ storage.StreamPos, err error) {
+	defer named("ReplaceRemoteDeviceList", &err)
 	var pos storage.StreamPos
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		pos = 0
 		var known int
 		var current int64
@@ -257,7 +262,8 @@ func sameDevice(a, b storage.RemoteDevice) bool {
 
 // MarkRemoteStale marks a remote user's cached list as out of date, due
 // for a resync now (a user already marked keeps its retry state).
-func (s *Store) MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) error {
+func (s *Store) MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) (err error) {
+	defer named("MarkRemoteStale", &err)
 	return s.write(ctx, func(tx *txn) error { return markStale(ctx, tx, userID, serverName, now) })
 }
 
@@ -287,9 +293,10 @@ func (s *Store) rememberStreamID(ctx context.Context, tx *txn, userID string, st
 
 // SharesRoomWithLocal reports whether some local user shares a room with
 // userID.
-func (s *Store) SharesRoomWithLocal(ctx context.Context, userID string) (bool, error) {
+func (s *Store) SharesRoomWithLocal(ctx context.Context, userID string) (_ bool, err error) {
+	defer named("SharesRoomWithLocal", &err)
 	var n int
-	err := s.q.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
+	err = s.q.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
 	return n > 0, err
 }
 
@@ -297,10 +304,11 @@ func (s *Store) SharesRoomWithLocal(ctx context.Context, userID string) (bool, e
 // to the cache, in one transaction that also checks its prev_ids against
 // the stream_ids seen for the user. An update whose prev_ids are not all
 // known (or for a user without a cache) marks the user stale instead.
-func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDeviceUpdate) (storage.ApplyResult, error) {
+func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDeviceUpdate) (_ storage.ApplyResult, err error) {
+	defer named("ApplyRemoteDeviceUpdate", &err)
 	var res storage.ApplyResult
 	serverName := u.UserID[strings.IndexByte(u.UserID, ':')+1:]
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		res = storage.ApplyResult{}
 		var current int64
 		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, u.UserID).Scan(&current)

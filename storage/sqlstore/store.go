@@ -128,6 +128,32 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	return s, nil
 }
 
+// opError is an error of a method of the store, named after it, so that a
+// log line says which operation met it ("storage: UploadKeys: database is
+// locked"). errors.Is and errors.As see through it: to the storage
+// sentinels (storage.ErrNotFound...), to context cancellation and to the
+// driver's errors.
+type opError struct {
+	op  string
+	err error
+}
+
+func (e *opError) Error() string {
+	return "storage: " + e.op + ": " + strings.TrimPrefix(e.err.Error(), "storage: ")
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+// named gives the error a method returns, if any, the method's name; each
+// method of storage.Database defers it first thing. An error already named
+// (by a method called from another) keeps the inner name.
+func named(op string, err *error) {
+	var named *opError
+	if *err != nil && !errors.As(*err, &named) {
+		*err = &opError{op: op, err: *err}
+	}
+}
+
 // Dialect names the database in use ("sqlite3" or "postgres").
 func (s *Store) Dialect() string { return s.d.name }
 
@@ -149,7 +175,10 @@ func (s *Store) StatementsSent() int64 {
 }
 
 // Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+func (s *Store) Ping(ctx context.Context) (err error) {
+	defer named("Ping", &err)
+	return s.db.PingContext(ctx)
+}
 
 // Close closes the pool.
 func (s *Store) Close() error {
@@ -255,7 +284,8 @@ func (s *Store) setCachesEnabled(on bool) {
 // other daemons' token revocations and device changes, and the caches of
 // tokens and devices are on only while it does. Only PostgreSQL can be
 // shared; on SQLite it just waits for ctx.
-func (s *Store) WatchStream(ctx context.Context, advanced func()) error {
+func (s *Store) WatchStream(ctx context.Context, advanced func()) (err error) {
+	defer named("WatchStream", &err)
 	if s.d.name != "postgres" {
 		<-ctx.Done()
 		return nil

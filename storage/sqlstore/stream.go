@@ -12,9 +12,10 @@ import (
 
 // CurrentPos returns the newest stream position; every change at or below
 // it is committed.
-func (s *Store) CurrentPos(ctx context.Context) (storage.StreamPos, error) {
+func (s *Store) CurrentPos(ctx context.Context) (_ storage.StreamPos, err error) {
+	defer named("CurrentPos", &err)
 	var pos storage.StreamPos
-	err := s.q.QueryRowContext(ctx, `SELECT pos FROM stream_position WHERE id = 1`).Scan(&pos)
+	err = s.q.QueryRowContext(ctx, `SELECT pos FROM stream_position WHERE id = 1`).Scan(&pos)
 	return pos, err
 }
 
@@ -49,9 +50,9 @@ AND NOT ` + fmt.Sprintf(sharesRoom, "theirs.user_id")
 
 // DeviceListChanges answers /keys/changes and /sync's device_lists for
 // userID between two positions.
-func (s *Store) DeviceListChanges(ctx context.Context, userID string, from, to storage.StreamPos) (storage.DeviceListChanges, error) {
+func (s *Store) DeviceListChanges(ctx context.Context, userID string, from, to storage.StreamPos) (_ storage.DeviceListChanges, err error) {
+	defer named("DeviceListChanges", &err)
 	var res storage.DeviceListChanges
-	var err error
 	if to <= from {
 		return storage.DeviceListChanges{Changed: []string{}, Left: []string{}}, nil
 	}
@@ -88,10 +89,11 @@ func (s *Store) userList(ctx context.Context, query string, params ...any) ([]st
 // list (they are marked stale, to be fetched); a leave stops tracking the
 // remote users who no longer share any room with a local user (their
 // cache is dropped: their server stops sending us their changes).
-func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (storage.MembershipResult, error) {
+func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (_ storage.MembershipResult, err error) {
+	defer named("SetMembership", &err)
 	var res storage.MembershipResult
 	local := strings.HasSuffix(userID, ":"+s.serverName)
-	err := s.write(ctx, func(tx *txn) error {
+	err = s.write(ctx, func(tx *txn) error {
 		res = storage.MembershipResult{}
 		var old string
 		err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
