@@ -24,7 +24,7 @@ func TestKeysStrictValidationSetting(t *testing.T) {
 		{[]string{"--config", lax}, false},
 		{[]string{"--config", lax, "--keys-strict-validation"}, true},
 	} {
-		cfg, _, err := loadConfig(tc.args, io.Discard, "test")
+		cfg, _, err := loadConfig(tc.args, io.Discard, io.Discard, "test")
 		if err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
