@@ -25,7 +25,7 @@ func vectorServer(t *testing.T, db testutil.Database, v testvectors.RealClientKe
 	return srv, users
 }
 
-// uploadBody is the upload of a negative vector: device keys alone, or a
+// negativeBody is the upload of a negative vector: device keys alone, or a
 // one-time key with its device's real keys.
 func negativeBody(v testvectors.RealClientKeys, n testvectors.Negative) map[string]any {
 	body := map[string]any{}
@@ -42,8 +42,8 @@ func negativeBody(v testvectors.RealClientKeys, n testvectors.Negative) map[stri
 	return body
 }
 
-// freshDatabase returns another empty database of db's kind.
-func freshDatabase(t *testing.T, db testutil.Database) testutil.Database {
+// emptyDatabaseLike returns another empty database of db's kind.
+func emptyDatabaseLike(t *testing.T, db testutil.Database) testutil.Database {
 	if db.Name == "postgres" {
 		return testutil.Postgres(t)
 	}
@@ -102,7 +102,7 @@ func TestKeysLaxNegativeVectors(t *testing.T) {
 	}
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		strict, strictUsers := vectorServer(t, db, v, false)
-		lax, laxUsers := vectorServer(t, freshDatabase(t, db), v, true)
+		lax, laxUsers := vectorServer(t, emptyDatabaseLike(t, db), v, true)
 		sawDeviceKeys, sawOneTimeKey := false, false
 		// One-time keys first: their uploads carry the device's real keys,
 		// which the altered ones, once stored, would conflict with.
@@ -170,7 +170,7 @@ func placeholderOTK(u *testutil.User, key string) map[string]any {
 func TestKeysLaxValidation(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		lax := testutil.NewServer(t, db, testutil.ServerOptions{LaxKeyValidation: true})
-		strict := testutil.NewServer(t, freshDatabase(t, db), testutil.ServerOptions{})
+		strict := testutil.NewServer(t, emptyDatabaseLike(t, db), testutil.ServerOptions{})
 		alice := lax.Register(t, "alice", "ALICEDEV")
 		bob := lax.Register(t, "bob", "BOBDEV")
 		upload := map[string]any{

@@ -65,17 +65,17 @@ func TestWithUnsigned(t *testing.T) {
 		name *string
 		want string
 	}{
-		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, ptr("Phone"), `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{"device_display_name":"Phone"}}`},
-		{`{"device_id":"D"}`, ptr(`Bob's "work" laptop é`), `{"device_id":"D","unsigned":{"device_display_name":"Bob's \"work\" laptop é"}}`},
-		{`{"device_id":"D","unsigned":{"x":1}}`, ptr("N"), `{"device_id":"D","unsigned":{"device_display_name":"N"}}`},
-		{`{}`, ptr("N"), `{"unsigned":{"device_display_name":"N"}}`},
-		{`{ }`, ptr("N"), `{"unsigned":{"device_display_name":"N"}}`},
-		{` {"a":1} `, ptr("N"), `{"a":1,"unsigned":{"device_display_name":"N"}}`},
+		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, displayName("Phone"), `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{"device_display_name":"Phone"}}`},
+		{`{"device_id":"D"}`, displayName(`Bob's "work" laptop é`), `{"device_id":"D","unsigned":{"device_display_name":"Bob's \"work\" laptop é"}}`},
+		{`{"device_id":"D","unsigned":{"x":1}}`, displayName("N"), `{"device_id":"D","unsigned":{"device_display_name":"N"}}`},
+		{`{}`, displayName("N"), `{"unsigned":{"device_display_name":"N"}}`},
+		{`{ }`, displayName("N"), `{"unsigned":{"device_display_name":"N"}}`},
+		{` {"a":1} `, displayName("N"), `{"a":1,"unsigned":{"device_display_name":"N"}}`},
 		{`{"device_id":"D","keys":{"ed25519:D":"k"}}`, nil, `{"device_id":"D","keys":{"ed25519:D":"k"},"unsigned":{}}`},
 		{`{"device_id":"D","unsigned":{"x":1}}`, nil, `{"device_id":"D","unsigned":{}}`},
 		{`{}`, nil, `{"unsigned":{}}`},
 		{` {"a":1} `, nil, `{"a":1,"unsigned":{}}`},
-		{`{"a":1}`, ptr(""), `{"a":1,"unsigned":{"device_display_name":""}}`},
+		{`{"a":1}`, displayName(""), `{"a":1,"unsigned":{"device_display_name":""}}`},
 	} {
 		got, err := withUnsigned([]byte(tc.keys), tc.name)
 		if err != nil {
@@ -97,4 +97,4 @@ func TestWithUnsigned(t *testing.T) {
 	}
 }
 
-func ptr(s string) *string { return &s }
+func displayName(s string) *string { return &s }
