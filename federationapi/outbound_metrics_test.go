@@ -14,10 +14,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/devicelist/sender"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/testutil"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -68,7 +68,7 @@ func TestOutboundFailuresCountRequestsSent(t *testing.T) {
 		// hour; the sender's own first retry comes much sooner.
 		fc := fedclient.New(fedclient.Options{ServerName: "local.test", KeyID: "ed25519:k", PrivateKey: key,
 			SkipVerify: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Logger: log})
-		sender := keyserver.NewSender(store, fc, keyserver.SenderOptions{ServerName: "local.test",
+		sender := sender.New(store, fc, sender.Options{ServerName: "local.test",
 			MinRetry: time.Millisecond, MaxRetry: time.Millisecond, Sweep: time.Hour, Logger: log})
 		failures0 := counterValue(t, metrics.OutboundFailures)
 		skipped0 := counterValue(t, metrics.OutboundSkipped)

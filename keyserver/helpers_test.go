@@ -1,10 +1,14 @@
 package keyserver
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
+	"testing"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/testdb"
+	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
 func encodeB64(b []byte) string { return base64.RawStdEncoding.EncodeToString(b) }
@@ -20,4 +24,14 @@ func errcodeOf(err error) string {
 		return me.Code
 	}
 	return "not a Matrix error: " + err.Error()
+}
+
+func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.Open(context.Background(), db.URI, "local.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

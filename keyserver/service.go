@@ -11,8 +11,11 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/devicelist/sender"
+	"github.com/keyserver/keyserver/devicelist/updater"
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/syncnotify"
 )
 
 // Options are the settings the domain needs.
@@ -29,8 +32,8 @@ type Options struct {
 	// resyncs its device-list updates need (default 10 s).
 	SendWait time.Duration
 	// Sender and Updater tune the background workers.
-	Sender  SenderOptions
-	Updater UpdaterOptions
+	Sender  sender.Options
+	Updater updater.Options
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
@@ -49,10 +52,10 @@ type Options struct {
 type Service struct {
 	db       storage.Database
 	fed      Federation
-	sender   *Sender
-	updater  *Updater
+	sender   *sender.Sender
+	updater  *updater.Updater
 	opts     Options
-	notifier *Notifier
+	notifier *syncnotify.Notifier
 	log      logrus.FieldLogger
 	now      func() time.Time
 	// dummyHash is compared against when a login names an unknown user, so
@@ -80,7 +83,7 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute
 	}
-	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: NewNotifier(), log: opts.Logger, now: opts.Now}
+	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: syncnotify.New(), log: opts.Logger, now: opts.Now}
 	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
 	if s.fed != nil {
 		so := opts.Sender
@@ -88,12 +91,12 @@ func New(db storage.Database, opts Options) *Service {
 		if so.Logger == nil {
 			so.Logger = opts.Logger
 		}
-		s.sender = NewSender(db, s.fed, so)
+		s.sender = sender.New(db, s.fed, so)
 		uo := opts.Updater
 		if uo.Logger == nil {
 			uo.Logger = opts.Logger
 		}
-		s.updater = NewUpdater(db, func(ctx context.Context, server, userID string) error {
+		s.updater = updater.New(db, func(ctx context.Context, server, userID string) error {
 			_, err := s.ResyncRemoteUser(ctx, server, userID)
 			return err
 		}, uo)
@@ -110,15 +113,7 @@ func (s *Service) Run(ctx context.Context) {
 		defer wg.Done()
 		// Changes made by other daemons sharing the database wake this
 		// one's waiting /sync requests.
-		for ctx.Err() == nil {
-			if err := s.db.WatchStream(ctx, s.notifier.StreamAdvanced); err != nil && ctx.Err() == nil {
-				s.log.WithError(err).Warn("cannot watch the database for other daemons' changes; retrying")
-				select {
-				case <-ctx.Done():
-				case <-time.After(5 * time.Second):
-				}
-			}
-		}
+		s.notifier.Watch(ctx, s.db, s.log)
 	}()
 	if s.fed == nil {
 		wg.Wait()
@@ -141,10 +136,10 @@ func (s *Service) ServerAlive(ctx context.Context, server string) {
 }
 
 // Sender is the outbound device-list sender (nil without federation).
-func (s *Service) Sender() *Sender { return s.sender }
+func (s *Service) Sender() *sender.Sender { return s.sender }
 
 // Updater is the remote device-list updater (nil without federation).
-func (s *Service) Updater() *Updater { return s.updater }
+func (s *Service) Updater() *updater.Updater { return s.updater }
 
 // Ready reports whether the server can serve: its database answers.
 func (s *Service) Ready(ctx context.Context) error {
@@ -164,7 +159,7 @@ func (s *Service) ServerName() string { return s.opts.ServerName }
 func (s *Service) Close() { s.notifier.Close() }
 
 // WaitingSyncs counts the users with a /sync request waiting for news.
-func (s *Service) WaitingSyncs() int { return s.notifier.waiting() }
+func (s *Service) WaitingSyncs() int { return s.notifier.Waiting() }
 
 // localChange follows a committed change of a local user's device list:
 // waiters are told, and the updates queued for other servers are sent.

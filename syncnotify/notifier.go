@@ -1,7 +1,13 @@
-package keyserver
+// Package syncnotify wakes the long-polling /sync requests when something
+// they wait for happens, here or in another daemon sharing the database.
+package syncnotify
 
 import (
+	"context"
 	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
 )
 
 // Notifier wakes long-polling /sync requests. Two kinds of event matter: the
@@ -18,8 +24,8 @@ type Notifier struct {
 	closed  bool
 }
 
-// NewNotifier makes a notifier.
-func NewNotifier() *Notifier {
+// New makes a notifier.
+func New() *Notifier {
 	return &Notifier{
 		stream:  make(chan struct{}),
 		users:   map[string]map[*Subscription]struct{}{},
@@ -106,9 +112,29 @@ func (n *Notifier) Close() {
 	}
 }
 
-// waiting counts the users with open subscriptions (for tests).
-func (n *Notifier) waiting() int {
+// Waiting counts the users with open subscriptions.
+func (n *Notifier) Waiting() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.users)
+}
+
+// StreamWatcher reports every advance of the stream, also those made by
+// other daemons sharing the database.
+type StreamWatcher interface {
+	WatchStream(ctx context.Context, advanced func()) error
+}
+
+// Watch wakes the waiters at every advance w reports until ctx ends,
+// watching again after a failure.
+func (n *Notifier) Watch(ctx context.Context, w StreamWatcher, log logrus.FieldLogger) {
+	for ctx.Err() == nil {
+		if err := w.WatchStream(ctx, n.StreamAdvanced); err != nil && ctx.Err() == nil {
+			log.WithError(err).Warn("cannot watch the database for other daemons' changes; retrying")
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package keyserver
+package sender
 
 import (
 	"context"
@@ -13,56 +13,14 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/clock"
+	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
-
-// fakeClock is a Clock the test moves by hand: waits end only when it
-// advances past them.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []fakeTimer
-}
-
-type fakeTimer struct {
-	at time.Time
-	ch chan time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.UnixMilli(1_700_000_000_000)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	c.timers = append(c.timers, fakeTimer{c.now.Add(d), ch})
-	return ch
-}
-
-// Advance moves the clock and fires the waits that have ended.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.timers[:0]
-	for _, t := range c.timers {
-		if !t.at.After(c.now) {
-			t.ch <- c.now
-		} else {
-			kept = append(kept, t)
-		}
-	}
-	c.timers = kept
-}
 
 func openStore(t *testing.T, serverName string) *sqlstore.Store {
 	t.Helper()
@@ -91,140 +49,6 @@ func quiet() logrus.FieldLogger {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	return l
-}
-
-// Users of one server are resynced one at a time; servers in different
-// shards go in parallel.
-func TestUpdaterShardsByServer(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	db := openStore(t, "local.test")
-	u := NewUpdater(db, nil, UpdaterOptions{Shards: 4, Clock: newFakeClock(), Jitter: noJitter, Logger: quiet()})
-	// Two servers in different shards.
-	servers := []string{"s0.test"}
-	for i := 1; len(servers) < 2; i++ {
-		if s := fmt.Sprintf("s%d.test", i); u.shardOf(s) != u.shardOf(servers[0]) {
-			servers = append(servers, s)
-		}
-	}
-	for _, srv := range servers {
-		for i := 0; i < 4; i++ {
-			if err := db.MarkRemoteStale(ctx, fmt.Sprintf("@u%d:%s", i, srv), srv, 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	var mu sync.Mutex
-	inFlight, peak := map[string]int{}, map[string]int{}
-	total, peakTotal, done := 0, 0, 0
-	release := make(chan struct{})
-	u.resync = func(ctx context.Context, server, userID string) error {
-		mu.Lock()
-		inFlight[server]++
-		total++
-		peak[server] = max(peak[server], inFlight[server])
-		peakTotal = max(peakTotal, total)
-		mu.Unlock()
-		<-release
-		mu.Lock()
-		inFlight[server]--
-		total--
-		done++
-		mu.Unlock()
-		_, err := db.ReplaceRemoteDeviceList(ctx, storage.RemoteDeviceList{UserID: userID, StreamID: 1}, server)
-		return err
-	}
-	go u.Run(ctx)
-	waitUntil(t, "both servers to be worked on", func() bool { mu.Lock(); defer mu.Unlock(); return total == 2 })
-	close(release)
-	waitUntil(t, "all resyncs", func() bool { mu.Lock(); defer mu.Unlock(); return done == 8 })
-	for _, srv := range servers {
-		if peak[srv] != 1 {
-			t.Errorf("%s had %d resyncs in flight at once", srv, peak[srv])
-		}
-	}
-	if peakTotal != 2 {
-		t.Errorf("servers in different shards were not worked on together (peak %d)", peakTotal)
-	}
-	waitUntil(t, "the queue to empty", func() bool {
-		due, _ := db.DueStaleUsers(ctx, 1<<62, 100)
-		return len(due) == 0
-	})
-}
-
-// A failed resync is retried after a backoff written to the database,
-// longer after an error answer than after a timeout, doubling per attempt,
-// at least any Retry-After; the rest of the server waits as long; and a
-// restarted updater keeps to the schedule.
-func TestUpdaterBackoff(t *testing.T) {
-	ctx := context.Background()
-	db := openStore(t, "local.test")
-	clk := newFakeClock()
-	o := UpdaterOptions{Clock: clk, Jitter: noJitter, TimeoutBase: time.Minute, TimeoutMax: 8 * time.Minute,
-		ErrorBase: 5 * time.Minute, ErrorMax: time.Hour, Logger: quiet()}
-	var failWith error
-	calls := 0
-	u := NewUpdater(db, func(ctx context.Context, server, userID string) error { calls++; return failWith }, o)
-	for _, user := range []string{"@a:down.test", "@b:down.test"} {
-		if err := db.MarkRemoteStale(ctx, user, "down.test", 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	entry := func(user string) storage.StaleUser {
-		e, ok, err := db.StaleEntry(ctx, user)
-		if err != nil || !ok {
-			t.Fatalf("%s: %v %v", user, ok, err)
-		}
-		return e
-	}
-	now := func() int64 { return clk.Now().UnixMilli() }
-	try := func(user string) { u.resyncOne(ctx, entry(user)) }
-
-	for _, tc := range []struct {
-		name     string
-		err      error
-		attempts int
-		wait     time.Duration
-	}{
-		{"timeout", errors.New("i/o timeout"), 1, time.Minute},
-		{"timeout again", errors.New("i/o timeout"), 2, 2 * time.Minute},
-		{"error answer", &fedclient.HTTPError{Status: 502}, 3, 20 * time.Minute},
-		{"Retry-After", &fedclient.HTTPError{Status: 429, RetryAfter: 2 * time.Hour}, 4, 2 * time.Hour},
-		{"client backoff", nil, 4, 3 * time.Hour}, // the error is made below, at its time
-	} {
-		failWith = tc.err
-		if tc.err == nil {
-			failWith = &fedclient.BackoffError{Until: clk.Now().Add(tc.wait)}
-		}
-		before := calls
-		try("@a:down.test")
-		if calls != before+1 {
-			t.Fatalf("%s: resync not attempted", tc.name)
-		}
-		e := entry("@a:down.test")
-		if e.Attempts != tc.attempts || e.RetryAtTS != now()+tc.wait.Milliseconds() {
-			t.Fatalf("%s: attempts %d retry in %v, want %d and %v", tc.name, e.Attempts,
-				time.Duration(e.RetryAtTS-now())*time.Millisecond, tc.attempts, tc.wait)
-		}
-		// The server's other stale user is held back as long.
-		if b := entry("@b:down.test"); b.RetryAtTS < e.RetryAtTS {
-			t.Fatalf("%s: the server's other user is due earlier (%d < %d)", tc.name, b.RetryAtTS, e.RetryAtTS)
-		}
-		// Not retried before its time, even by a new updater.
-		restarted := NewUpdater(db, u.resync, o)
-		restarted.resyncOne(ctx, entry("@a:down.test"))
-		if calls != before+1 {
-			t.Fatalf("%s: retried before its time", tc.name)
-		}
-		clk.Advance(tc.wait)
-	}
-
-	// The server shows it is up: everything of it is due at once.
-	failWith = nil
-	u.ServerAlive(ctx, "down.test")
-	if due, _ := db.DueStaleUsers(ctx, now(), 10); len(due) != 2 {
-		t.Fatalf("after ServerAlive %d users due, want 2", len(due))
-	}
 }
 
 // recordingTransport captures transactions and fails while told to.
@@ -258,7 +82,6 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	db := openStore(t, "local.test")
-	svc := New(db, Options{ServerName: "local.test", BcryptCost: 4, Logger: quiet()})
 	alice := "@alice:local.test"
 	if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
 		t.Fatal(err)
@@ -300,11 +123,10 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 		t.Fatalf("prev_ids %d, %d, want %d, %d", pending[0].PrevID, pending[1].PrevID, d1, latest)
 	}
 
-	clk := newFakeClock()
+	clk := clock.NewFake()
 	tr := &recordingTransport{fail: true}
-	sender := NewSender(db, tr, SenderOptions{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour,
+	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour,
 		Sweep: time.Hour, Jitter: noJitter, Logger: quiet()})
-	svc.sender = sender
 	go sender.Run(ctx)
 	waitUntil(t, "the first attempt", func() bool { a, _ := tr.counts(); return a == 1 })
 	clk.Advance(59 * time.Second)
@@ -329,8 +151,8 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	waitUntil(t, "the queue to empty", func() bool { p, _ := db.PendingDestinations(ctx); return len(p) == 0 })
 
 	// The next update chains to the last one delivered.
-	next := rename("D2", "x")
-	svc.localChange(next)
+	rename("D2", "x")
+	sender.Poke()
 	waitUntil(t, "the next delivery", func() bool { _, d := tr.counts(); return d == 2 })
 	want := fmt.Sprintf(`"prev_id":[%d]`, d2)
 	if got := string(tr.txns[1].EDUs[0].Content); !strings.Contains(got, want) {
@@ -357,14 +179,14 @@ func TestSenderLeaseHeldElsewhere(t *testing.T) {
 	if _, err := db.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: "D1", TokenHash: "t"}); err != nil {
 		t.Fatal(err)
 	}
-	clk := newFakeClock()
+	clk := clock.NewFake()
 	now := clk.Now().UnixMilli()
 	if ok, err := db.AcquireDestination(ctx, "remote.test", "other-daemon", now, now+60_000); err != nil || !ok {
 		t.Fatalf("lease: %v %v", ok, err)
 	}
 	tr := &recordingTransport{}
 	counted := &leaseCounter{Database: db}
-	sender := NewSender(counted, tr, SenderOptions{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: quiet()})
+	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: quiet()})
 	go sender.Run(ctx)
 	waitUntil(t, "the worker to try and stand down", func() bool { return counted.calls.Load() >= 1 && sender.Busy() == 0 })
 	if n := counted.calls.Load(); n != 1 {
@@ -387,4 +209,133 @@ type leaseCounter struct {
 func (l *leaseCounter) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (bool, error) {
 	l.calls.Add(1)
 	return l.Database.AcquireDestination(ctx, dest, owner, now, expires)
+}
+
+var errDBDown = errors.New("database is down")
+
+// failingDB is a database whose chosen methods fail, as they would while
+// the database server is unreachable; the others work.
+type failingDB struct {
+	storage.Database
+	mu      sync.Mutex
+	failing map[string]bool
+	calls   map[string]int
+}
+
+func newFailingDB(db storage.Database) *failingDB {
+	return &failingDB{Database: db, failing: map[string]bool{}, calls: map[string]int{}}
+}
+
+func (f *failingDB) setFailing(ops ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failing = map[string]bool{}
+	for _, op := range ops {
+		f.failing[op] = true
+	}
+}
+
+func (f *failingDB) called(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[op]
+}
+
+func (f *failingDB) fail(op string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[op]++
+	if f.failing[op] {
+		return errDBDown
+	}
+	return nil
+}
+
+func (f *failingDB) ReleaseDestination(ctx context.Context, dest, owner string) error {
+	if err := f.fail("ReleaseDestination"); err != nil {
+		return err
+	}
+	return f.Database.ReleaseDestination(ctx, dest, owner)
+}
+
+// warnings lists the warning lines logged with msg about errDBDown, and
+// the "suppressed" count of each.
+func warnings(hook *logtest.Hook, msg string) []any {
+	var out []any
+	for _, e := range hook.AllEntries() {
+		if e.Level == logrus.WarnLevel && e.Message == msg && errors.Is(e.Data[logrus.ErrorKey].(error), errDBDown) {
+			out = append(out, e.Data["suppressed"])
+		}
+	}
+	return out
+}
+
+func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.Open(context.Background(), db.URI, "local.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// A lease the sender cannot give back is logged, once a minute.
+func TestSenderLogsDatabaseErrors(t *testing.T) {
+	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		store := openTestDB(t, tdb)
+		alice := "@alice:local.test"
+		if _, err := store.CreateAccount(ctx, alice, "x", nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range []string{alice, "@bob:remote.test"} {
+			if _, err := store.SetMembership(ctx, "!r:x", u, storage.MembershipJoin, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		login := func(device string) {
+			if _, err := store.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: device, TokenHash: device}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		db := newFailingDB(store)
+		db.setFailing("ReleaseDestination")
+		clk := clock.NewFake()
+		log, hook := logtest.NewNullLogger()
+		tr := &recordingTransport{}
+		sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: noJitter, Logger: log})
+		done := make(chan struct{})
+		go func() { defer close(done); sender.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+
+		// deliver queues a change and waits until its worker is gone (it
+		// has given back the lease, or tried to, and logged).
+		deliver := func(device string, n int) {
+			t.Helper()
+			login(device)
+			sender.Poke()
+			waitUntil(t, "delivery", func() bool {
+				_, d := tr.counts()
+				return d == n && db.called("ReleaseDestination") >= n && sender.Busy() == 0
+			})
+		}
+		deliver("D1", 1)
+		if w := warnings(hook, "releasing a destination's lease"); len(w) != 1 {
+			t.Fatalf("warnings %v, want 1", w)
+		}
+		deliver("D2", 2)
+		if w := warnings(hook, "releasing a destination's lease"); len(w) != 1 {
+			t.Fatalf("repeated error logged again: %v", w)
+		}
+		clk.Advance(time.Minute)
+		deliver("D3", 3)
+		// A worker may give the lease back more than once per delivery
+		// (when woken again before it goes), so the count is at least the
+		// one of the second delivery.
+		if w := warnings(hook, "releasing a destination's lease"); len(w) != 2 || w[1] == nil || w[1].(int) < 1 {
+			t.Fatalf("after a minute: %v, want a second line counting those left out", w)
+		}
+	})
 }

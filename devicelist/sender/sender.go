@@ -1,4 +1,6 @@
-package keyserver
+// Package sender sends the local users' device-list changes to the other
+// servers that share a room with them.
+package sender
 
 import (
 	"context"
@@ -15,6 +17,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/backoff"
+	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/lograte"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/storage"
@@ -37,13 +41,25 @@ import (
 // A worker whose queue is empty goes away: workers exist only for busy
 // destinations, and one slow destination never holds up another.
 
+// Store is the part of the database the sender uses: the outbound queue
+// and the destinations' leases.
+type Store interface {
+	PendingDestinations(ctx context.Context) ([]string, error)
+	PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error)
+	MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error
+	// AcquireDestination takes (or renews) the right to send to a
+	// destination until expires; false when another daemon holds it.
+	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error)
+	ReleaseDestination(ctx context.Context, destination, owner string) error
+}
+
 // Transport delivers transactions.
 type Transport interface {
 	SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error
 }
 
-// SenderOptions configure a Sender.
-type SenderOptions struct {
+// Options configure a Sender.
+type Options struct {
 	ServerName string
 	// DeviceNames puts device display names in the updates.
 	DeviceNames bool
@@ -52,7 +68,7 @@ type SenderOptions struct {
 	// Sweep is how often every destination's queue is looked at, to pick up
 	// updates queued by other daemons or left by one that stopped (1 min).
 	Sweep  time.Duration
-	Clock  Clock
+	Clock  clock.Clock
 	Logger logrus.FieldLogger
 	// Jitter draws a random duration in [0, n); math/rand by default.
 	Jitter func(n int64) int64
@@ -68,9 +84,9 @@ const (
 
 // Sender delivers queued device-list updates.
 type Sender struct {
-	db    storage.Database
+	db    Store
 	tr    Transport
-	o     SenderOptions
+	o     Options
 	owner string // this daemon's name in leases
 	txn   atomic.Int64
 	// dbErrs rate-limits the database errors' log lines.
@@ -88,8 +104,8 @@ type sendWorker struct {
 	alive chan struct{} // the destination is reachable again
 }
 
-// NewSender makes a Sender; Run starts it.
-func NewSender(db storage.Database, tr Transport, o SenderOptions) *Sender {
+// New makes a Sender; Run starts it.
+func New(db Store, tr Transport, o Options) *Sender {
 	if o.MinRetry <= 0 {
 		o.MinRetry = 5 * time.Second
 	}
@@ -100,7 +116,7 @@ func NewSender(db storage.Database, tr Transport, o SenderOptions) *Sender {
 		o.Sweep = time.Minute
 	}
 	if o.Clock == nil {
-		o.Clock = realClock{}
+		o.Clock = clock.Real{}
 	}
 	if o.Logger == nil {
 		o.Logger = logrus.StandardLogger()
@@ -296,7 +312,7 @@ func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log 
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		wait := backoff(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
+		wait := backoff.Delay(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
 		var be *fedclient.BackoffError
 		if errors.As(err, &be) {
 			metrics.OutboundSkipped.Inc()

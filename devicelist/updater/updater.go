@@ -1,4 +1,6 @@
-package keyserver
+// Package updater keeps the cached device lists of remote users fresh,
+// resyncing in the background those marked stale.
+package updater
 
 import (
 	"context"
@@ -11,6 +13,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/backoff"
+	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/lograte"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -37,8 +41,25 @@ import (
 // in memory is the set of users being worked on right now, so memory stays
 // bounded however many users and servers there are.
 
-// UpdaterOptions configure an Updater.
-type UpdaterOptions struct {
+// Store is the part of the database the updater uses: the queue of stale
+// users with their retry state.
+type Store interface {
+	DueStaleUsers(ctx context.Context, now int64, limit int) ([]storage.StaleUser, error)
+	StaleEntry(ctx context.Context, userID string) (storage.StaleUser, bool, error)
+	NextStaleRetry(ctx context.Context) (at int64, ok bool, err error)
+	RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error
+	// DeferServer holds back every stale user of a server until a time;
+	// RetryServerNow makes them all due.
+	DeferServer(ctx context.Context, serverName string, until int64) error
+	RetryServerNow(ctx context.Context, serverName string) error
+}
+
+// dbErrorLogInterval is how often a database error of one kind is logged
+// while it recurs.
+const dbErrorLogInterval = time.Minute
+
+// Options configure an Updater.
+type Options struct {
 	Shards int // workers, each owning a share of the servers (default 8)
 	// Backoff after a server times out or cannot be reached, and after it
 	// answers with an error (defaults: 30 s up to 10 min, 2 min up to 1 h).
@@ -47,7 +68,7 @@ type UpdaterOptions struct {
 	// StartSpread is the longest window over which the users due at start
 	// are spread (default 5 min, and 200 ms per user below that).
 	StartSpread time.Duration
-	Clock       Clock
+	Clock       clock.Clock
 	Logger      logrus.FieldLogger
 	// Jitter draws a random duration in [0, n); math/rand by default.
 	Jitter func(n int64) int64
@@ -58,9 +79,9 @@ type Resyncer func(ctx context.Context, server, userID string) error
 
 // Updater resyncs stale remote device lists in the background.
 type Updater struct {
-	db     storage.Database
+	db     Store
 	resync Resyncer
-	o      UpdaterOptions
+	o      Options
 	wake   chan struct{}
 	shards []chan storage.StaleUser
 	// dbErrs rate-limits the database errors' log lines.
@@ -71,8 +92,8 @@ type Updater struct {
 	deferred map[string]bool // servers held back by this updater after failures
 }
 
-// NewUpdater makes an Updater; Run starts it.
-func NewUpdater(db storage.Database, resync Resyncer, o UpdaterOptions) *Updater {
+// New makes an Updater; Run starts it.
+func New(db Store, resync Resyncer, o Options) *Updater {
 	if o.Shards <= 0 {
 		o.Shards = 8
 	}
@@ -92,7 +113,7 @@ func NewUpdater(db storage.Database, resync Resyncer, o UpdaterOptions) *Updater
 		o.StartSpread = 5 * time.Minute
 	}
 	if o.Clock == nil {
-		o.Clock = realClock{}
+		o.Clock = clock.Real{}
 	}
 	if o.Logger == nil {
 		o.Logger = logrus.StandardLogger()
@@ -285,10 +306,10 @@ func (u *Updater) resyncOne(ctx context.Context, s storage.StaleUser) {
 		attempts = s.Attempts // refused without a try
 		wait = max(be.Until.Sub(now), time.Second)
 	case errors.As(err, &he):
-		wait = backoff(attempts, u.o.ErrorBase, u.o.ErrorMax, u.o.Jitter)
+		wait = backoff.Delay(attempts, u.o.ErrorBase, u.o.ErrorMax, u.o.Jitter)
 		wait = max(wait, he.RetryAfter)
 	default:
-		wait = backoff(attempts, u.o.TimeoutBase, u.o.TimeoutMax, u.o.Jitter)
+		wait = backoff.Delay(attempts, u.o.TimeoutBase, u.o.TimeoutMax, u.o.Jitter)
 	}
 	at := now.Add(wait).UnixMilli()
 	log := u.o.Logger.WithFields(logrus.Fields{"server": s.ServerName, "user_id": s.UserID, "attempts": attempts, "retry_in": wait.String()})
