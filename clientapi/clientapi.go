@@ -16,7 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/httpx"
-	"github.com/keyserver/keyserver/internal/metrics"
+	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
@@ -60,7 +60,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.UseEncodedPath()
 	r.NotFoundHandler = httpx.NotFoundHandler()
 	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
-	r.Use(metrics.Middleware("client"))
+	r.Use(httpmetrics.Middleware("client"))
 
 	r.Handle("/_matrix/client/versions", a.public(a.versions)).Methods(http.MethodGet)
 	// Full paths rather than subrouters: a subrouter would answer a known

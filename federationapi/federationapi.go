@@ -22,7 +22,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/identity"
-	"github.com/keyserver/keyserver/internal/metrics"
+	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
@@ -80,7 +80,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.UseEncodedPath()
 	r.NotFoundHandler = httpx.NotFoundHandler()
 	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
-	r.Use(metrics.Middleware("federation"))
+	r.Use(httpmetrics.Middleware("federation"))
 	r.HandleFunc("/_matrix/key/v2/server", a.serverKeys).Methods(http.MethodGet)
 	// The deprecated form naming a key ID, which peers and test tools still
 	// fetch: the key ID is ignored and the same keys are answered, as

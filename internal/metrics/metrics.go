@@ -5,22 +5,18 @@
 package metrics
 
 import (
-	"net/http"
-	"strconv"
 	"sync"
-	"time"
 
-	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/keyserver/keyserver/internal/httpx"
 )
 
 var (
 	// Registry holds every metric of the server.
 	Registry = prometheus.NewRegistry()
 
-	requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	// HTTPRequests observes the HTTP requests (see package httpmetrics,
+	// which keeps the router out of this package and of the domain).
+	HTTPRequests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "keyserver_http_request_duration_seconds",
 		Help:    "HTTP requests by API, endpoint (route template), method and status, with their latency.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 30},
@@ -55,7 +51,7 @@ var (
 )
 
 func init() {
-	Registry.MustRegister(requests, OneTimeKeysUploaded, KeysClaimed, Resyncs, SendWait, OutboundFailures, OutboundSkipped, FederationFailures,
+	Registry.MustRegister(HTTPRequests, OneTimeKeysUploaded, KeysClaimed, Resyncs, SendWait, OutboundFailures, OutboundSkipped, FederationFailures,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 }
 
@@ -80,23 +76,4 @@ func FederationFailure(dest string) {
 		}
 	}
 	FederationFailures.WithLabelValues(label).Inc()
-}
-
-// Middleware is a mux middleware observing each matched request under its
-// route template.
-func Middleware(api string) mux.MiddlewareFunc {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			endpoint := "unknown"
-			if route := mux.CurrentRoute(r); route != nil {
-				if t, err := route.GetPathTemplate(); err == nil {
-					endpoint = t
-				}
-			}
-			rec := &httpx.StatusRecorder{ResponseWriter: w}
-			start := time.Now()
-			next.ServeHTTP(rec, r)
-			requests.WithLabelValues(api, endpoint, r.Method, strconv.Itoa(rec.Status)).Observe(time.Since(start).Seconds())
-		})
-	}
 }

@@ -1,0 +1,34 @@
+// Package httpmetrics observes HTTP requests into the server's metrics. It
+// is apart from package metrics so that the domain, which counts its own
+// events there, does not depend on the HTTP router.
+package httpmetrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/metrics"
+)
+
+// Middleware is a mux middleware observing each matched request under its
+// route template.
+func Middleware(api string) mux.MiddlewareFunc {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			endpoint := "unknown"
+			if route := mux.CurrentRoute(r); route != nil {
+				if t, err := route.GetPathTemplate(); err == nil {
+					endpoint = t
+				}
+			}
+			rec := &httpx.StatusRecorder{ResponseWriter: w}
+			start := time.Now()
+			next.ServeHTTP(rec, r)
+			metrics.HTTPRequests.WithLabelValues(api, endpoint, r.Method, strconv.Itoa(rec.Status)).Observe(time.Since(start).Seconds())
+		})
+	}
+}
