@@ -114,6 +114,10 @@ type FederationConfig struct {
 	// SendWait bounds how long /send waits for device-list updates.
 	// Default 10s.
 	SendWait Duration `yaml:"send_wait"`
+	// SenderWorkers is how many servers our device-list updates are sent
+	// to at once: a fixed pool, so memory and goroutines stay bounded
+	// however many servers are waiting for updates. Default 32.
+	SenderWorkers int `yaml:"sender_workers"`
 	// OldVerifyKeys are signing keys this server used before a key
 	// rotation, published under old_verify_keys so that other servers can
 	// still check what they signed. Keyed by key ID ("ed25519:a_old").
@@ -233,6 +237,7 @@ func Default() *Config {
 			Listen:             "127.0.0.1:8448",
 			KeyValidity:        Duration(24 * time.Hour),
 			SendWait:           Duration(10 * time.Second),
+			SenderWorkers:      32,
 			OldVerifyKeys:      map[string]OldVerifyKey{},
 			RateLimitPerSecond: 100,
 			RateLimitBurst:     400,
@@ -432,6 +437,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Federation.SendWait <= 0 {
 		add("federation.send_wait must be positive, not %s", c.Federation.SendWait)
+	}
+	if c.Federation.SenderWorkers < 1 {
+		add("federation.sender_workers must be at least 1, not %d", c.Federation.SenderWorkers)
 	}
 
 	if len(problems) == 0 {

@@ -292,6 +292,7 @@ func TestValidate(t *testing.T) {
 				c.Federation.Listen = "127.0.0.1:https"
 				c.Federation.KeyValidity = Duration(-time.Hour)
 				c.Federation.SendWait = 0
+				c.Federation.SenderWorkers = 0
 			},
 			wantErr: []string{
 				`config: server_name "Bad Name!" is not a valid Matrix server name; `,
@@ -307,6 +308,7 @@ func TestValidate(t *testing.T) {
 				`federation.listen "127.0.0.1:https" must have a numeric port`,
 				"federation.key_validity must be positive, not -1h0m0s",
 				"federation.send_wait must be positive, not 0s",
+				"federation.sender_workers must be at least 1, not 0",
 			},
 		},
 	}
@@ -358,6 +360,7 @@ func TestSet(t *testing.T) {
 		{key: "federation.allow_device_names", value: "1", check: func(c *Config) bool { return c.Federation.AllowDeviceNames }},
 		{key: "client_api.bcrypt_cost", value: "10", check: func(c *Config) bool { return c.ClientAPI.BcryptCost == 10 }},
 		{key: "client_api.max_request_bytes", value: "4194304", check: func(c *Config) bool { return c.ClientAPI.MaxRequestBytes == 4<<20 }},
+		{key: "federation.sender_workers", value: "4", check: func(c *Config) bool { return c.Federation.SenderWorkers == 4 }},
 		{key: "federation.send_wait", value: "1m30s", check: func(c *Config) bool { return c.Federation.SendWait == Duration(90*time.Second) }},
 		{key: "client_api.sync_max_timeout", value: "2m", check: func(c *Config) bool { return c.ClientAPI.SyncMaxTimeout.Duration() == 2*time.Minute }},
 
@@ -406,7 +409,7 @@ func TestKeys(t *testing.T) {
 		"client_api.bcrypt_cost", "client_api.max_one_time_keys_per_device", "client_api.sync_max_timeout",
 		"federation.listen", "federation.tls_cert", "federation.tls_key",
 		"federation.tls_insecure_skip_verify", "federation.allow_device_names",
-		"federation.key_validity", "federation.send_wait",
+		"federation.key_validity", "federation.send_wait", "federation.sender_workers",
 		"metrics.listen", "metrics.pprof",
 		"client_api.rate_limit_per_second", "client_api.rate_limit_burst",
 		"federation.rate_limit_per_second", "federation.rate_limit_burst",
@@ -416,8 +419,8 @@ func TestKeys(t *testing.T) {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 27 {
-		t.Errorf("Keys() has %d keys, want 27: %q", len(keys), keys)
+	if len(keys) != 28 {
+		t.Errorf("Keys() has %d keys, want 28: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.

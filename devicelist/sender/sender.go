@@ -32,14 +32,23 @@ import (
 // unsent older one). The database is the queue, so nothing is lost in a
 // restart and nothing has to be saved at shutdown.
 //
-// A worker per destination with pending updates takes a lease on it (so
-// that of several daemons sharing the database one sends), and sends
-// batches of at most 100 EDUs in /send transactions, oldest first. A batch
-// keeps its transaction ID until delivered, so a retry is processed once by
-// the receiver. Failures are retried with capped exponential backoff and
-// jitter; the wait ends early when the destination shows it is up again.
-// A worker whose queue is empty goes away: workers exist only for busy
-// destinations, and one slow destination never holds up another.
+// A fixed pool of workers sends. Destinations with pending updates wait
+// their turn in a first-in first-out list; a worker takes one, takes its
+// lease (so that of several daemons sharing the database one sends), and
+// sends one batch of at most 100 EDUs, oldest first, in a /send
+// transaction. A destination with more to send goes to the back of the
+// list, so a busy destination never holds up the others. A batch keeps its
+// transaction ID until delivered, so a retry is processed once by the
+// receiver. A failed destination is set aside until its retry time (capped
+// exponential backoff with jitter) without holding a worker: it keeps its
+// batch and its lease, renewed while it waits, and comes back at once when
+// it shows it is up. Goroutines are the pool's; memory is a small record
+// per destination with pending updates (and the batch of a failed one).
+//
+// The sender's lock guards only that bookkeeping: no database call and no
+// request is made while holding it, so the request paths that tell the
+// sender something (a local change, a sign of life) never wait on the
+// database or on another server.
 
 // Store is the part of the database the sender uses: the outbound queue
 // and the destinations' leases.
@@ -63,6 +72,8 @@ type Options struct {
 	ServerName string
 	// DeviceNames puts device display names in the updates.
 	DeviceNames bool
+	// Workers is the number of destinations sent to at once (default 32).
+	Workers int
 	// MinRetry and MaxRetry bound the backoff (defaults 5 s and 1 h).
 	MinRetry, MaxRetry time.Duration
 	// Sweep is how often every destination's queue is looked at, to pick up
@@ -74,11 +85,14 @@ type Options struct {
 	Jitter func(n int64) int64
 }
 
+// DefaultWorkers is the size of the pool when Options.Workers is not set.
+const DefaultWorkers = 32
+
 const (
 	maxEDUsPerTransaction = 100
 	leaseTTL              = 2 * time.Minute
 	// dbErrorLogInterval is how often a database error of one kind is
-	// logged by the background workers while it recurs.
+	// logged while it recurs.
 	dbErrorLogInterval = time.Minute
 )
 
@@ -92,20 +106,51 @@ type Sender struct {
 	// dbErrs rate-limits the database errors' log lines.
 	dbErrs *lograte.Limiter
 
-	poke    chan struct{}
-	mu      sync.Mutex
-	workers map[string]*sendWorker // only destinations being worked on
-	ctx     context.Context
-	wg      sync.WaitGroup
+	poke  chan struct{} // updates were queued: read the queue
+	sched chan struct{} // a destination was set aside: look at the timer
+
+	mu       sync.Mutex
+	ready    *sync.Cond // signalled when the ready list grows or at stop
+	running  bool
+	stopping bool
+	dests    map[string]*destination // destinations with work here
+	queue    []*destination          // ready to be sent to, oldest first
 }
 
-type sendWorker struct {
-	wake  chan struct{} // new updates
-	alive chan struct{} // the destination is reachable again
+type destState int
+
+const (
+	queued  destState = iota // in the ready list
+	active                   // a worker has it
+	waiting                  // set aside until retryAt (or renewAt)
+)
+
+// destination is the sender's record of a destination with work here.
+type destination struct {
+	name  string
+	state destState
+	// again says updates were queued while a worker had it: the queue is
+	// read once more before it is forgotten.
+	again bool
+	// alive says it showed it is up while a worker had it: a failure then
+	// is retried at once.
+	alive bool
+	// retryAt is when a failed destination is tried again; renewAt when
+	// its lease must be renewed meanwhile.
+	retryAt, renewAt time.Time
+	// The batch being delivered, with its transaction and the attempts so
+	// far; nil when none is pending.
+	batch   []storage.OutboundUpdate
+	txn     fedclient.Transaction
+	txnID   string
+	attempt int
 }
 
 // New makes a Sender; Run starts it.
 func New(db Store, tr Transport, o Options) *Sender {
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
+	}
 	if o.MinRetry <= 0 {
 		o.MinRetry = 5 * time.Second
 	}
@@ -127,25 +172,58 @@ func New(db Store, tr Transport, o Options) *Sender {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	s := &Sender{db: db, tr: tr, o: o, owner: hex.EncodeToString(b),
-		poke: make(chan struct{}, 1), workers: map[string]*sendWorker{},
+		poke: make(chan struct{}, 1), sched: make(chan struct{}, 1),
+		dests:  map[string]*destination{},
 		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
+	s.ready = sync.NewCond(&s.mu)
 	s.txn.Store(o.Clock.Now().UnixMilli())
 	return s
 }
 
-// Run sends until ctx ends, then waits for the workers to stop.
+// Run sends until ctx ends, then waits for the workers to stop and gives
+// up its leases.
 func (s *Sender) Run(ctx context.Context) {
 	s.mu.Lock()
-	s.ctx = ctx
+	s.running = true
 	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for i := 0; i < s.o.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				d := s.next()
+				if d == nil {
+					return
+				}
+				s.process(ctx, d)
+			}
+		}()
+	}
+	nextSweep := s.o.Clock.Now()
 	for {
-		s.WakeAll(ctx)
+		now := s.o.Clock.Now()
+		if !now.Before(nextSweep) {
+			s.WakeAll(ctx)
+			nextSweep = now.Add(s.o.Sweep)
+		}
+		wait := nextSweep.Sub(now)
+		if at, ok := s.resume(now); ok {
+			wait = min(wait, at.Sub(now))
+		}
 		select {
 		case <-ctx.Done():
-			s.wg.Wait()
+			s.mu.Lock()
+			s.stopping = true
+			s.ready.Broadcast()
+			s.mu.Unlock()
+			wg.Wait()
+			s.releaseAll()
 			return
 		case <-s.poke:
-		case <-s.o.Clock.After(s.o.Sweep):
+			nextSweep = now // read the queue now
+		case <-s.sched:
+		case <-s.o.Clock.After(wait):
 		}
 	}
 }
@@ -159,7 +237,7 @@ func (s *Sender) Poke() {
 	}
 }
 
-// WakeAll starts or wakes a worker for every destination with updates.
+// WakeAll queues every destination with pending updates to be sent to.
 func (s *Sender) WakeAll(ctx context.Context) {
 	dests, err := s.db.PendingDestinations(ctx)
 	if err != nil {
@@ -172,185 +250,251 @@ func (s *Sender) WakeAll(ctx context.Context) {
 }
 
 // DestinationAlive ends a backoff towards dest: it just showed it is up.
+// It only updates the sender's bookkeeping, so a request path may call it.
 func (s *Sender) DestinationAlive(dest string) { s.wake(dest, true) }
 
-// Busy counts the destinations with a worker (for tests and metrics).
+// Busy counts the destinations with work here: waiting for a worker, being
+// sent to, or waiting to retry (for tests and metrics).
 func (s *Sender) Busy() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.workers)
+	return len(s.dests)
 }
 
 func (s *Sender) wake(dest string, alive bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ctx == nil || s.ctx.Err() != nil {
-		return // not running
+	if !s.running || s.stopping {
+		return
 	}
-	if w := s.workers[dest]; w != nil {
-		ch := w.wake
+	d := s.dests[dest]
+	if d == nil {
 		if alive {
-			ch = w.alive
+			return // nothing queued for it here
 		}
-		select {
-		case ch <- struct{}{}:
-		default:
+		d = &destination{name: dest}
+		s.dests[dest] = d
+		s.enqueue(d)
+		return
+	}
+	switch {
+	case d.state == active && alive:
+		d.alive = true
+	case d.state == active:
+		d.again = true
+	case alive:
+		// Its backoff ends. New updates alone do not end one: the
+		// destination is no more reachable for them.
+		d.retryAt = time.Time{}
+		if d.state == waiting {
+			s.enqueue(d)
+		}
+	}
+}
+
+// enqueue puts d at the back of the ready list. s.mu is held.
+func (s *Sender) enqueue(d *destination) {
+	d.state = queued
+	s.queue = append(s.queue, d)
+	s.ready.Signal()
+}
+
+// next waits for a destination to send to; nil when stopping.
+func (s *Sender) next() *destination {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.queue) == 0 && !s.stopping {
+		s.ready.Wait()
+	}
+	if s.stopping {
+		return nil
+	}
+	d := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	d.state, d.again, d.alive = active, false, false
+	return d
+}
+
+// resume queues the waiting destinations whose retry or lease renewal is
+// due, and returns when the next one is.
+func (s *Sender) resume(now time.Time) (next time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.dests {
+		if d.state != waiting {
+			continue
+		}
+		at := d.renewAt
+		if d.retryAt.Before(at) {
+			at = d.retryAt
+		}
+		if !at.After(now) {
+			s.enqueue(d)
+		} else if !ok || at.Before(next) {
+			next, ok = at, true
+		}
+	}
+	return next, ok
+}
+
+// setAside makes d wait until retryAt, or queues it again at once when it
+// showed it is up meanwhile.
+func (s *Sender) setAside(d *destination, retryAt time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d.alive && !s.stopping {
+		d.retryAt = time.Time{}
+		s.enqueue(d)
+		return
+	}
+	d.state = waiting
+	d.retryAt = retryAt
+	d.renewAt = s.o.Clock.Now().Add(leaseTTL / 2)
+	select {
+	case s.sched <- struct{}{}:
+	default:
+	}
+}
+
+// requeue puts d at the back of the ready list.
+func (s *Sender) requeue(d *destination) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.enqueue(d)
+}
+
+// forget drops the record of d, unless updates were queued for it while a
+// worker had it (they are then looked at again).
+func (s *Sender) forget(d *destination, unlessAgain bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if unlessAgain && d.again {
+		s.enqueue(d)
+		return
+	}
+	if s.dests[d.name] == d {
+		delete(s.dests, d.name)
+	}
+}
+
+// process does one step for d: renew the lease, then send one batch, or
+// decide to wait, to come back, or that nothing is left.
+func (s *Sender) process(ctx context.Context, d *destination) {
+	log := s.o.Logger.WithField("destination", d.name)
+	ok, err := s.renew(ctx, d.name)
+	if err != nil {
+		s.dbError(ctx, log, err, "renewing a destination's lease")
+		s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+		return
+	}
+	if !ok {
+		// Another daemon sends to d; its sender carries on, and a sweep
+		// here finds the queue again if it stops.
+		s.forget(d, false)
+		return
+	}
+	if now := s.o.Clock.Now(); now.Before(d.retryAt) {
+		s.setAside(d, d.retryAt) // the lease was due for renewal
+		return
+	}
+	if d.batch == nil {
+		batch, err := s.db.PendingUpdates(ctx, d.name, maxEDUsPerTransaction)
+		if err != nil {
+			s.dbError(ctx, log, err, "outbound device-list queue")
+			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+			return
+		}
+		if len(batch) == 0 {
+			s.finish(ctx, d, log)
+			return
+		}
+		d.batch, d.attempt = batch, 0
+		d.txnID = strconv.FormatInt(s.txn.Add(1), 10)
+		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli()}
+		for _, u := range batch {
+			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: "m.device_list_update", Content: s.eduContent(u)})
+		}
+	}
+	err = s.tr.SendTransaction(ctx, d.name, d.txnID, d.txn)
+	if err == nil {
+		if err := s.db.MarkUpdatesSent(ctx, d.name, d.batch); err != nil {
+			// The batch is sent again, under the same transaction ID, so
+			// the receiver does not process it twice.
+			s.dbError(ctx, log, err, "outbound device-list queue")
+			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+			return
+		}
+		if d.attempt >= 3 {
+			log.WithField("attempts", d.attempt+1).Info("device-list updates delivered after retries")
+		}
+		full := len(d.batch) == maxEDUsPerTransaction
+		d.batch, d.txn, d.txnID, d.attempt = nil, fedclient.Transaction{}, "", 0
+		if full {
+			s.requeue(d)
+		} else {
+			s.finish(ctx, d, log)
 		}
 		return
 	}
-	if alive {
-		return // nothing queued for it here
+	if ctx.Err() != nil {
+		s.setAside(d, s.o.Clock.Now())
+		return
 	}
-	w := &sendWorker{wake: make(chan struct{}, 1), alive: make(chan struct{}, 1)}
-	s.workers[dest] = w
-	s.wg.Add(1)
-	go s.work(s.ctx, dest, w)
+	d.attempt++
+	wait := backoff.Delay(d.attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
+	var be *fedclient.BackoffError
+	if errors.As(err, &be) {
+		metrics.OutboundSkipped.Inc()
+		d.attempt-- // the client refused without trying: not an attempt
+		wait = max(be.Until.Sub(s.o.Clock.Now()), time.Millisecond)
+	} else {
+		metrics.OutboundFailures.Inc()
+	}
+	if d.attempt == 5 {
+		log.WithError(err).Warn("device-list updates cannot be delivered; retrying with backoff")
+	}
+	s.setAside(d, s.o.Clock.Now().Add(wait))
 }
 
-// work sends dest's queue until it is empty.
-func (s *Sender) work(ctx context.Context, dest string, w *sendWorker) {
-	defer s.wg.Done()
-	log := s.o.Logger.WithField("destination", dest)
-	for {
-		more, err := s.sendBatch(ctx, dest, w, log)
-		if ctx.Err() != nil {
-			s.stop(dest, w)
-			return
-		}
-		if errors.Is(err, errLeaseHeld) {
-			// Another daemon sends to dest; its worker carries on.
-			s.mu.Lock()
-			if s.workers[dest] == w {
-				delete(s.workers, dest)
-			}
-			s.mu.Unlock()
-			return
-		}
-		if err != nil {
-			s.dbError(ctx, log, err, "outbound device-list queue")
-			select { // database trouble: try again shortly
-			case <-s.o.Clock.After(s.o.MinRetry):
-			case <-ctx.Done():
-			}
-			continue
-		}
-		if more {
-			continue
-		}
-		// Empty: let go of the lease, then look once more, so that updates
-		// queued by another daemon while we held it are not left behind.
-		if err := s.db.ReleaseDestination(ctx, dest, s.owner); err != nil {
-			// It expires by itself; until then no other daemon sends.
-			s.dbError(ctx, log, err, "releasing a destination's lease")
-		}
-		select {
-		case <-w.wake:
-			continue
-		default:
-		}
-		s.mu.Lock()
-		pending, err := s.db.PendingUpdates(ctx, dest, 1)
-		if err == nil && len(pending) == 0 {
-			delete(s.workers, dest)
-			s.mu.Unlock()
-			return
-		}
-		s.mu.Unlock()
-		if err != nil {
-			// The next round reads the queue again (and waits if it fails).
-			s.dbError(ctx, log, err, "reading the outbound queue")
-		}
+// finish lets go of d's lease once its queue is empty, then looks once
+// more, so that updates queued by another daemon while it was held are not
+// left behind.
+func (s *Sender) finish(ctx context.Context, d *destination, log logrus.FieldLogger) {
+	if err := s.db.ReleaseDestination(ctx, d.name, s.owner); err != nil {
+		// It expires by itself; until then no other daemon sends.
+		s.dbError(ctx, log, err, "releasing a destination's lease")
+	}
+	pending, err := s.db.PendingUpdates(ctx, d.name, 1)
+	switch {
+	case err != nil:
+		s.dbError(ctx, log, err, "reading the outbound queue")
+		s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+	case len(pending) > 0:
+		s.requeue(d)
+	default:
+		s.forget(d, true)
 	}
 }
 
-// stop ends a worker at shutdown, giving up its lease so that the next
-// start (or another daemon) takes over at once rather than when it expires.
-func (s *Sender) stop(dest string, w *sendWorker) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	if err := s.db.ReleaseDestination(ctx, dest, s.owner); err != nil {
-		s.dbError(ctx, s.o.Logger.WithField("destination", dest), err, "releasing a destination's lease")
-	}
-	cancel()
+// releaseAll gives up the leases at shutdown, so that the next start (or
+// another daemon) takes over at once rather than when they expire.
+func (s *Sender) releaseAll() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.workers[dest] == w {
-		delete(s.workers, dest)
+	names := make([]string, 0, len(s.dests))
+	for name := range s.dests {
+		names = append(names, name)
 	}
-}
-
-// errLeaseHeld says another daemon holds the destination's lease.
-var errLeaseHeld = errors.New("another daemon sends to this destination")
-
-// sendBatch delivers one batch, retrying until it is delivered or ctx ends.
-// more reports whether updates remain.
-func (s *Sender) sendBatch(ctx context.Context, dest string, w *sendWorker, log logrus.FieldLogger) (more bool, err error) {
-	if ok, err := s.renew(ctx, dest); err != nil {
-		return false, err
-	} else if !ok {
-		return false, errLeaseHeld
-	}
-	batch, err := s.db.PendingUpdates(ctx, dest, maxEDUsPerTransaction)
-	if err != nil || len(batch) == 0 {
-		return false, err
-	}
-	txn := fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli()}
-	for _, u := range batch {
-		txn.EDUs = append(txn.EDUs, fedclient.EDU{Type: "m.device_list_update", Content: s.eduContent(u)})
-	}
-	txnID := strconv.FormatInt(s.txn.Add(1), 10)
-	for attempt := 1; ; attempt++ {
-		err := s.tr.SendTransaction(ctx, dest, txnID, txn)
-		if err == nil {
-			if err := s.db.MarkUpdatesSent(ctx, dest, batch); err != nil {
-				return false, err
-			}
-			if attempt > 3 {
-				log.WithField("attempts", attempt).Info("device-list updates delivered after retries")
-			}
-			return len(batch) == maxEDUsPerTransaction, nil
-		}
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		wait := backoff.Delay(attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
-		var be *fedclient.BackoffError
-		if errors.As(err, &be) {
-			metrics.OutboundSkipped.Inc()
-			attempt-- // the client refused without trying: not an attempt
-			wait = max(be.Until.Sub(s.o.Clock.Now()), time.Millisecond)
-		} else {
-			metrics.OutboundFailures.Inc()
-		}
-		if attempt == 5 {
-			log.WithError(err).Warn("device-list updates cannot be delivered; retrying with backoff")
-		}
-		if !s.sleep(ctx, dest, w, wait) {
-			return false, ctx.Err()
+	s.dests = map[string]*destination{}
+	s.queue = nil
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, name := range names {
+		if err := s.db.ReleaseDestination(ctx, name, s.owner); err != nil {
+			s.dbError(ctx, s.o.Logger.WithField("destination", name), err, "releasing a destination's lease")
 		}
 	}
-}
-
-// sleep waits out a backoff, renewing the lease, and returns early (true)
-// when the destination is back or new updates came; false when ctx ends.
-func (s *Sender) sleep(ctx context.Context, dest string, w *sendWorker, wait time.Duration) bool {
-	for wait > 0 {
-		step := min(wait, leaseTTL/2)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-w.alive:
-			return true
-		case <-w.wake:
-			return true
-		case <-s.o.Clock.After(step):
-		}
-		wait -= step
-		if _, err := s.renew(ctx, dest); err != nil {
-			s.dbError(ctx, s.o.Logger.WithField("destination", dest), err, "renewing a destination's lease")
-			return ctx.Err() == nil
-		}
-	}
-	return true
 }
 
 // dbError logs a database error of the workers, at most once a minute per

@@ -128,7 +128,10 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour,
 		Sweep: time.Hour, Jitter: noJitter, Logger: quiet()})
 	go sender.Run(ctx)
+	start := clk.Now()
 	waitUntil(t, "the first attempt", func() bool { a, _ := tr.counts(); return a == 1 })
+	// Advance only once the sender waits for the retry.
+	waitUntil(t, "the wait for the retry", func() bool { return clk.WaitsUntil(start.Add(time.Minute)) })
 	clk.Advance(59 * time.Second)
 	if a, _ := tr.counts(); a != 1 {
 		t.Fatal("retried before the backoff ended")
@@ -188,7 +191,9 @@ func TestSenderLeaseHeldElsewhere(t *testing.T) {
 	counted := &leaseCounter{Database: db}
 	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: quiet()})
 	go sender.Run(ctx)
-	waitUntil(t, "the worker to try and stand down", func() bool { return counted.calls.Load() >= 1 && sender.Busy() == 0 })
+	waitUntil(t, "the worker to try and stand down", func() bool {
+		return counted.calls.Load() >= 1 && sender.Busy() == 0 && clk.WaitsUntil(clk.Now().Add(time.Hour))
+	})
 	if n := counted.calls.Load(); n != 1 {
 		t.Fatalf("%d lease attempts: the worker kept trying", n)
 	}

@@ -66,6 +66,19 @@ func (c *Fake) Waiting() int {
 	return len(c.timers)
 }
 
+// WaitsUntil reports whether a wait ends exactly at t, so that a test can
+// advance the clock once the code under test waits for that moment.
+func (c *Fake) WaitsUntil(t time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.timers {
+		if w.at.Equal(t) {
+			return true
+		}
+	}
+	return false
+}
+
 // Advance moves the clock and fires the waits that have ended.
 func (c *Fake) Advance(d time.Duration) {
 	c.mu.Lock()

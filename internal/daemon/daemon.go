@@ -217,6 +217,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		SendWait:                  cfg.Federation.SendWait.Duration(),
 		Logger:                    log,
 	}
+	ko.Sender.Workers = cfg.Federation.SenderWorkers
 	if so.tune != nil {
 		so.tune(&ko, &fo)
 	}

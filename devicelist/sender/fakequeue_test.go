@@ -1,0 +1,146 @@
+package sender
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// fakeQueue is an in-memory Store with the semantics of the SQL one, for
+// tests that look at the sender's decisions alone.
+type fakeQueue struct {
+	mu      sync.Mutex
+	pending map[string][]storage.OutboundUpdate // per destination, oldest first
+	leases  map[string]fakeLease
+	calls   map[string]int
+	// hold makes calls of an operation wait until the channel is closed;
+	// inside counts the calls waiting. PendingUpdates is named with its
+	// limit ("PendingUpdates/1").
+	hold   map[string]chan struct{}
+	inside map[string]int
+}
+
+type fakeLease struct {
+	owner   string
+	expires int64
+}
+
+func newFakeQueue() *fakeQueue {
+	return &fakeQueue{pending: map[string][]storage.OutboundUpdate{}, leases: map[string]fakeLease{},
+		calls: map[string]int{}, hold: map[string]chan struct{}{}, inside: map[string]int{}}
+}
+
+// add queues n updates of distinct devices for dest.
+func (f *fakeQueue) add(dest string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := 0; i < n; i++ {
+		id := int64(len(f.pending[dest]) + 1)
+		f.pending[dest] = append(f.pending[dest], storage.OutboundUpdate{
+			UserID: "@alice:local.test", DeviceID: fmt.Sprintf("D%d", id), StreamID: id, KeyJSON: []byte(`{}`)})
+	}
+}
+
+func (f *fakeQueue) left(dest string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.pending[dest])
+}
+
+func (f *fakeQueue) lease(dest string) (fakeLease, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.leases[dest]
+	return l, ok
+}
+
+func (f *fakeQueue) called(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[op]
+}
+
+func (f *fakeQueue) blocked(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.inside[op]
+}
+
+// enter counts a call of op and waits while op is held.
+func (f *fakeQueue) enter(op string) {
+	f.mu.Lock()
+	f.calls[op]++
+	hold := f.hold[op]
+	f.inside[op]++
+	f.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	f.mu.Lock()
+	f.inside[op]--
+	f.mu.Unlock()
+}
+
+func (f *fakeQueue) PendingDestinations(ctx context.Context) ([]string, error) {
+	f.enter("PendingDestinations")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for d, q := range f.pending {
+		if len(q) > 0 {
+			out = append(out, d)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func (f *fakeQueue) PendingUpdates(ctx context.Context, dest string, limit int) ([]storage.OutboundUpdate, error) {
+	f.enter(fmt.Sprintf("PendingUpdates/%d", limit))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := f.pending[dest]
+	return append([]storage.OutboundUpdate(nil), q[:min(limit, len(q))]...), nil
+}
+
+func (f *fakeQueue) MarkUpdatesSent(ctx context.Context, dest string, sent []storage.OutboundUpdate) error {
+	f.enter("MarkUpdatesSent")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	done := map[int64]bool{}
+	for _, u := range sent {
+		done[u.StreamID] = true
+	}
+	var kept []storage.OutboundUpdate
+	for _, u := range f.pending[dest] {
+		if !done[u.StreamID] {
+			kept = append(kept, u)
+		}
+	}
+	f.pending[dest] = kept
+	return nil
+}
+
+func (f *fakeQueue) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (bool, error) {
+	f.enter("AcquireDestination")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.leases[dest]; ok && l.owner != owner && l.expires >= now {
+		return false, nil
+	}
+	f.leases[dest] = fakeLease{owner, expires}
+	return true, nil
+}
+
+func (f *fakeQueue) ReleaseDestination(ctx context.Context, dest, owner string) error {
+	f.enter("ReleaseDestination")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.leases[dest]; ok && l.owner == owner {
+		delete(f.leases, dest)
+	}
+	return nil
+}

@@ -1,0 +1,406 @@
+package sender
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/clock"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// scriptedTransport records transactions and answers with the errors it
+// is given, one per call (nil: delivered); during, when set, runs inside
+// each call.
+type scriptedTransport struct {
+	mu     sync.Mutex
+	errs   []error
+	ids    []string
+	txns   []fedclient.Transaction
+	during func()
+}
+
+func (s *scriptedTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
+	s.mu.Lock()
+	during := s.during
+	var err error
+	if len(s.errs) > 0 {
+		err, s.errs = s.errs[0], s.errs[1:]
+	}
+	s.ids = append(s.ids, txnID)
+	if err == nil {
+		s.txns = append(s.txns, t)
+	}
+	s.mu.Unlock()
+	if during != nil {
+		during()
+	}
+	return err
+}
+
+func (s *scriptedTransport) attempts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ids)
+}
+
+func (s *scriptedTransport) delivered() []fedclient.Transaction {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]fedclient.Transaction(nil), s.txns...)
+}
+
+// startTest makes a sender on q that is running as far as its bookkeeping
+// goes, without workers, so a test drives process itself.
+func startTest(q Store, tr Transport, o Options) *Sender {
+	if o.Logger == nil {
+		o.Logger = quiet()
+	}
+	if o.Jitter == nil {
+		o.Jitter = noJitter
+	}
+	o.ServerName = "local.test"
+	s := New(q, tr, o)
+	s.running = true
+	return s
+}
+
+// take hands the next ready destination to the test, as a worker would.
+func take(t *testing.T, s *Sender) *destination {
+	t.Helper()
+	s.mu.Lock()
+	n := len(s.queue)
+	s.mu.Unlock()
+	if n == 0 {
+		t.Fatal("no destination is ready")
+	}
+	return s.next()
+}
+
+// Failed deliveries wait base·2^(n-1), capped, plus jitter; the batch keeps
+// its transaction ID; a refusal of the federation client is not an attempt
+// and waits as long as the client asks; while it waits the destination
+// keeps its lease without sending; a sign of life ends the wait, and one
+// during a failing send makes it try again at once.
+func TestRetryDecisions(t *testing.T) {
+	ctx := context.Background()
+	q := newFakeQueue()
+	q.add("down.test", 3)
+	clk := clock.NewFake()
+	tr := &scriptedTransport{}
+	var drawn []int64
+	s := startTest(q, tr, Options{Clock: clk, MinRetry: time.Minute, MaxRetry: 4 * time.Minute,
+		Jitter: func(n int64) int64 { drawn = append(drawn, n); return 0 }})
+	s.wake("down.test", false)
+
+	for i, tc := range []struct {
+		err  error
+		wait time.Duration
+	}{
+		{errors.New("connection refused"), time.Minute},
+		{&fedclient.HTTPError{Status: 502}, 2 * time.Minute},
+		{errors.New("i/o timeout"), 4 * time.Minute},
+		{errors.New("i/o timeout"), 4 * time.Minute}, // capped
+		{&fedclient.BackoffError{Until: clk.Now().Add(7 * time.Minute)}, 0},
+	} {
+		if be, ok := tc.err.(*fedclient.BackoffError); ok {
+			be.Until = clk.Now().Add(7 * time.Minute)
+			tc.wait = 7 * time.Minute
+		}
+		tr.errs = []error{tc.err}
+		d := take(t, s)
+		s.process(ctx, d)
+		if tr.attempts() != i+1 {
+			t.Fatalf("step %d: %d attempts", i, tr.attempts())
+		}
+		if d.state != waiting || !d.retryAt.Equal(clk.Now().Add(tc.wait)) {
+			t.Fatalf("step %d: state %v, retry in %v, want waiting %v", i, d.state, d.retryAt.Sub(clk.Now()), tc.wait)
+		}
+		if l, ok := q.lease("down.test"); !ok || l.owner != s.owner {
+			t.Fatalf("step %d: lease %v", i, l)
+		}
+		// Half a lease later, before its retry time, it is taken up to renew
+		// the lease and set aside again, without a request.
+		if next, ok := s.resume(clk.Now()); !ok || next.After(clk.Now().Add(leaseTTL/2)) {
+			t.Fatalf("step %d: next look in %v", i, next.Sub(clk.Now()))
+		}
+		if tc.wait > leaseTTL/2 {
+			clk.Advance(leaseTTL / 2)
+			s.resume(clk.Now())
+			s.process(ctx, take(t, s))
+			if l, _ := q.lease("down.test"); l.expires != clk.Now().Add(leaseTTL).UnixMilli() {
+				t.Fatalf("step %d: lease not renewed", i)
+			}
+			if tr.attempts() != i+1 || d.state != waiting {
+				t.Fatalf("step %d: sent before its time", i)
+			}
+			clk.Advance(tc.wait - leaseTTL/2)
+		} else {
+			clk.Advance(tc.wait)
+		}
+		s.resume(clk.Now())
+	}
+	if want := []int64{int64(time.Minute)/4 + 1, int64(2*time.Minute)/4 + 1}; drawn[0] != want[0] || drawn[1] != want[1] {
+		t.Fatalf("jitter drawn from %v, want a quarter of the wait first", drawn)
+	}
+	tr.mu.Lock()
+	for _, id := range tr.ids {
+		if id != tr.ids[0] {
+			t.Fatalf("transaction IDs %v: a retried batch changed its ID", tr.ids)
+		}
+	}
+	tr.mu.Unlock()
+
+	// A sign of life during a failing send: tried again at once.
+	d := take(t, s)
+	tr.errs = []error{errors.New("connection reset")}
+	tr.during = func() { s.DestinationAlive("down.test") }
+	s.process(ctx, d)
+	if d.state != queued {
+		t.Fatalf("state %v after a failure with a sign of life, want queued", d.state)
+	}
+	tr.during = nil
+	tr.errs = []error{errors.New("connection reset")}
+	s.process(ctx, take(t, s))
+	if d.state != waiting {
+		t.Fatal("the next failure did not wait")
+	}
+	// A sign of life while it waits ends the wait; new updates do not.
+	s.wake("down.test", false)
+	if d.state != waiting {
+		t.Fatal("new updates ended a backoff")
+	}
+	s.DestinationAlive("down.test")
+	s.process(ctx, take(t, s))
+	if got := tr.delivered(); len(got) != 1 || len(got[0].EDUs) != 3 {
+		t.Fatalf("delivered %v", got)
+	}
+	if q.left("down.test") != 0 || s.Busy() != 0 {
+		t.Fatalf("after delivery: %d left, %d busy", q.left("down.test"), s.Busy())
+	}
+	if _, held := q.lease("down.test"); held {
+		t.Fatal("the lease was not given back")
+	}
+}
+
+// A destination with more than 100 updates gets them in transactions of
+// 100, oldest first, and goes to the back of the line between batches, so
+// another destination is served in between.
+func TestBatchesTakeTurns(t *testing.T) {
+	ctx := context.Background()
+	q := newFakeQueue()
+	q.add("big.test", 250)
+	q.add("small.test", 1)
+	tr := &scriptedTransport{}
+	s := startTest(q, tr, Options{Clock: clock.NewFake()})
+	s.WakeAll(ctx)
+	var order []string
+	for s.Busy() > 0 {
+		d := take(t, s)
+		order = append(order, d.name)
+		s.process(ctx, d)
+	}
+	if want := "[big.test small.test big.test big.test]"; fmt.Sprint(order) != want {
+		t.Fatalf("turns %v, want %s", order, want)
+	}
+	var sizes []int
+	var last int64
+	for _, txn := range tr.delivered() {
+		sizes = append(sizes, len(txn.EDUs))
+		for _, e := range txn.EDUs {
+			var c struct {
+				UserID   string `json:"user_id"`
+				StreamID int64  `json:"stream_id"`
+			}
+			if err := json.Unmarshal(e.Content, &c); err != nil {
+				t.Fatal(err)
+			}
+			if c.UserID == "@alice:local.test" && len(txn.EDUs) > 1 {
+				if c.StreamID <= last {
+					t.Fatalf("stream %d after %d: not oldest first", c.StreamID, last)
+				}
+				last = c.StreamID
+			}
+		}
+	}
+	if fmt.Sprint(sizes) != "[100 1 100 50]" {
+		t.Fatalf("transaction sizes %v", sizes)
+	}
+}
+
+// A destination whose lease another daemon holds is left to it, without
+// reading its queue; once that lease has expired, the next sweep sends.
+func TestLeaseHeldByAnotherDaemon(t *testing.T) {
+	ctx := context.Background()
+	q := newFakeQueue()
+	q.add("remote.test", 1)
+	clk := clock.NewFake()
+	q.leases["remote.test"] = fakeLease{"other-daemon", clk.Now().Add(time.Minute).UnixMilli()}
+	tr := &scriptedTransport{}
+	s := startTest(q, tr, Options{Clock: clk})
+	s.WakeAll(ctx)
+	s.process(ctx, take(t, s))
+	if s.Busy() != 0 || q.called("PendingUpdates/100") != 0 || tr.attempts() != 0 {
+		t.Fatalf("busy %d, %d reads, %d sends with the lease held elsewhere", s.Busy(), q.called("PendingUpdates/100"), tr.attempts())
+	}
+	clk.Advance(time.Minute + time.Millisecond)
+	s.WakeAll(ctx)
+	s.process(ctx, take(t, s))
+	if len(tr.delivered()) != 1 {
+		t.Fatal("not sent after the other lease expired")
+	}
+}
+
+// Updates queued by another daemon while this one held the lease are
+// found by the look after giving it back; those queued here meanwhile by
+// the wake.
+func TestLooksAgainAfterGivingBackTheLease(t *testing.T) {
+	ctx := context.Background()
+	q := newFakeQueue()
+	q.add("remote.test", 1)
+	tr := &scriptedTransport{}
+	s := startTest(q, tr, Options{Clock: clock.NewFake()})
+	s.WakeAll(ctx)
+	// Another daemon queues an update during the send (it cannot take the
+	// lease, so it does not send).
+	tr.during = func() { q.add("remote.test", 1); tr.during = nil }
+	s.process(ctx, take(t, s))
+	if s.Busy() != 1 {
+		t.Fatal("the destination was forgotten with an update pending")
+	}
+	s.process(ctx, take(t, s))
+	if len(tr.delivered()) != 2 || s.Busy() != 0 {
+		t.Fatalf("%d delivered, %d busy", len(tr.delivered()), s.Busy())
+	}
+	// Queued here while a worker had it: its wake sees to it.
+	q.add("remote.test", 1)
+	s.WakeAll(ctx)
+	d := take(t, s)
+	tr.during = func() { s.wake("remote.test", false) }
+	s.process(ctx, d)
+	tr.during = nil
+	if d.state != queued {
+		t.Fatalf("state %v after a wake during the send", d.state)
+	}
+}
+
+// The EDU carries the device's state and its place in the user's chain:
+// prev_id names the update sent before (none: empty), a deleted device
+// has no keys, and names go out only when allowed.
+func TestEDUContent(t *testing.T) {
+	name := "Alice's phone"
+	for _, tc := range []struct {
+		names bool
+		u     storage.OutboundUpdate
+		want  string
+	}{
+		{false, storage.OutboundUpdate{UserID: "@a:l", DeviceID: "D", StreamID: 5, KeyJSON: []byte(`{"k":1}`), DisplayName: &name},
+			`{"deleted":false,"device_id":"D","keys":{"k":1},"prev_id":[],"stream_id":5,"user_id":"@a:l"}`},
+		{true, storage.OutboundUpdate{UserID: "@a:l", DeviceID: "D", StreamID: 9, PrevID: 5, KeyJSON: []byte(`{"k":1}`), DisplayName: &name},
+			`{"deleted":false,"device_display_name":"Alice's phone","device_id":"D","keys":{"k":1},"prev_id":[5],"stream_id":9,"user_id":"@a:l"}`},
+		{true, storage.OutboundUpdate{UserID: "@a:l", DeviceID: "D", StreamID: 12, PrevID: 9, Deleted: true, KeyJSON: []byte(`{"k":1}`), DisplayName: &name},
+			`{"deleted":true,"device_id":"D","prev_id":[9],"stream_id":12,"user_id":"@a:l"}`},
+	} {
+		s := New(newFakeQueue(), &scriptedTransport{}, Options{DeviceNames: tc.names})
+		if got := string(s.eduContent(tc.u)); got != tc.want {
+			t.Errorf("got  %s\nwant %s", got, tc.want)
+		}
+	}
+}
+
+// blockingTransport holds every send until released, counting the sends
+// in flight.
+type blockingTransport struct {
+	mu        sync.Mutex
+	inFlight  int
+	peak      int
+	delivered map[string]int
+	release   chan struct{}
+}
+
+func (b *blockingTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
+	b.mu.Lock()
+	b.inFlight++
+	b.peak = max(b.peak, b.inFlight)
+	b.mu.Unlock()
+	<-b.release
+	b.mu.Lock()
+	b.inFlight--
+	b.delivered[dest]++
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *blockingTransport) state() (inFlight, peak, delivered int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inFlight, b.peak, len(b.delivered)
+}
+
+// However many destinations have updates, no more than the pool's workers
+// are sent to at once, and every one is served.
+func TestPoolBoundsConcurrentSends(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	q := newFakeQueue()
+	for i := 0; i < 40; i++ {
+		q.add(fmt.Sprintf("s%02d.test", i), 1)
+	}
+	tr := &blockingTransport{delivered: map[string]int{}, release: make(chan struct{})}
+	s := New(q, tr, Options{ServerName: "local.test", Workers: 3, Clock: clock.NewFake(), Logger: quiet(), Jitter: noJitter})
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitUntil(t, "the pool to be busy", func() bool { n, _, _ := tr.state(); return n == 3 })
+	if b := s.Busy(); b != 40 {
+		t.Fatalf("%d destinations known, want 40", b)
+	}
+	close(tr.release)
+	waitUntil(t, "every destination", func() bool { _, _, d := tr.state(); return d == 40 && s.Busy() == 0 })
+	if _, peak, _ := tr.state(); peak != 3 {
+		t.Fatalf("%d sends at once with 3 workers", peak)
+	}
+}
+
+// A sign of life, a poke and a look at the sender's state never wait on
+// the database, whichever call of the workers is stuck in it.
+func TestSignalsDoNotWaitOnTheDatabase(t *testing.T) {
+	for _, op := range []string{"PendingDestinations", "AcquireDestination", "PendingUpdates/100",
+		"MarkUpdatesSent", "ReleaseDestination", "PendingUpdates/1"} {
+		t.Run(op, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			q := newFakeQueue()
+			q.add("a.test", 1)
+			hold := make(chan struct{})
+			q.hold[op] = hold
+			tr := &scriptedTransport{}
+			s := New(q, tr, Options{ServerName: "local.test", Workers: 2, Clock: clock.NewFake(), Logger: quiet(), Jitter: noJitter})
+			done := make(chan struct{})
+			go func() { defer close(done); s.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			waitUntil(t, "a worker to be stuck in "+op, func() bool { return q.blocked(op) > 0 })
+			signalled := make(chan struct{})
+			go func() {
+				defer close(signalled)
+				s.DestinationAlive("a.test")
+				s.DestinationAlive("b.test")
+				s.Poke()
+				s.Busy()
+			}()
+			waitUntil(t, "the signals to return", func() bool {
+				select {
+				case <-signalled:
+					return true
+				default:
+					return false
+				}
+			})
+			close(hold)
+			waitUntil(t, "delivery", func() bool { return len(tr.delivered()) == 1 && s.Busy() == 0 })
+		})
+	}
+}
