@@ -127,12 +127,14 @@ func (s *Service) Run(ctx context.Context) {
 
 // ServerAlive is told of every server that made an authenticated request:
 // it is up, so waits on its account end.
-func (s *Service) ServerAlive(ctx context.Context, server string) {
+// It runs on the request's path, so it only hands the news to the
+// background workers, without waiting for the database.
+func (s *Service) ServerAlive(server string) {
 	if s.fed == nil {
 		return
 	}
 	s.sender.DestinationAlive(server)
-	s.updater.ServerAlive(ctx, server)
+	s.updater.ServerAlive(server)
 }
 
 // Sender is the outbound device-list sender (nil without federation).

@@ -87,9 +87,13 @@ type Updater struct {
 	// dbErrs rate-limits the database errors' log lines.
 	dbErrs *lograte.Limiter
 
+	// aliveSig says servers showed up (in alive): their users are made due.
+	aliveSig chan struct{}
+
 	mu       sync.Mutex
 	inFlight map[string]bool // users handed to a shard and not done
 	deferred map[string]bool // servers held back by this updater after failures
+	alive    map[string]bool // held-back servers that showed up since
 }
 
 // New makes an Updater; Run starts it.
@@ -121,8 +125,8 @@ func New(db Store, resync Resyncer, o Options) *Updater {
 	if o.Jitter == nil {
 		o.Jitter = mrand.Int64N
 	}
-	u := &Updater{db: db, resync: resync, o: o, wake: make(chan struct{}, 1),
-		inFlight: map[string]bool{}, deferred: map[string]bool{},
+	u := &Updater{db: db, resync: resync, o: o, wake: make(chan struct{}, 1), aliveSig: make(chan struct{}, 1),
+		inFlight: map[string]bool{}, deferred: map[string]bool{}, alive: map[string]bool{},
 		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
 	for i := 0; i < o.Shards; i++ {
 		u.shards = append(u.shards, make(chan storage.StaleUser, 64))
@@ -138,20 +142,38 @@ func (u *Updater) Wake() {
 	}
 }
 
-// ServerAlive makes a server's stale users due at once: it has just shown
-// it is up. Only servers this updater held back cost a database write.
-func (u *Updater) ServerAlive(ctx context.Context, server string) {
+// ServerAlive makes a server's stale users due soon: it has just shown it
+// is up. It is called on the path of every authenticated federation
+// request, so it never waits: only a server this updater held back needs
+// a database write, which the background does; a burst of requests from
+// one server hands it over once.
+func (u *Updater) ServerAlive(server string) {
 	u.mu.Lock()
 	held := u.deferred[server]
-	delete(u.deferred, server)
+	if held {
+		delete(u.deferred, server)
+		u.alive[server] = true
+	}
 	u.mu.Unlock()
 	if held {
+		select {
+		case u.aliveSig <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// retryAlive makes the stale users of the servers that showed up due.
+func (u *Updater) retryAlive(ctx context.Context) {
+	u.mu.Lock()
+	servers := u.alive
+	u.alive = map[string]bool{}
+	u.mu.Unlock()
+	for server := range servers {
 		if err := u.db.RetryServerNow(ctx, server); err != nil {
 			// Its users wait out their backoff instead.
 			u.dbError(ctx, u.o.Logger.WithField("server", server), err, "making a server's stale users due")
-			return
 		}
-		u.Wake()
 	}
 }
 
@@ -196,6 +218,8 @@ func (u *Updater) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-u.wake:
+		case <-u.aliveSig:
+			u.retryAlive(ctx)
 		case <-u.o.Clock.After(wait):
 		}
 	}

@@ -177,7 +177,8 @@ func TestUpdaterBackoff(t *testing.T) {
 
 	// The server shows it is up: everything of it is due at once.
 	failWith = nil
-	u.ServerAlive(ctx, "down.test")
+	u.ServerAlive("down.test")
+	u.retryAlive(ctx)
 	if due, _ := db.DueStaleUsers(ctx, now(), 10); len(due) != 2 {
 		t.Fatalf("after ServerAlive %d users due, want 2", len(due))
 	}
@@ -316,7 +317,8 @@ func TestUpdaterLogsDatabaseErrors(t *testing.T) {
 		clk.Advance(24 * time.Hour)
 		u.resyncOne(ctx, user)
 		db.setFailing("RetryServerNow")
-		u.ServerAlive(ctx, user.ServerName)
+		u.ServerAlive(user.ServerName)
+		u.retryAlive(ctx)
 		if db.called("RetryServerNow") != 1 {
 			t.Fatal("the server was not held back")
 		}

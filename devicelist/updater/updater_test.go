@@ -89,7 +89,8 @@ func TestResyncDecisions(t *testing.T) {
 	clk.Advance(time.Second)
 	failWith = nil
 	try("@b:down.test")
-	u.ServerAlive(ctx, "down.test")
+	u.ServerAlive("down.test")
+	u.retryAlive(ctx)
 	if n := db.called("RetryServerNow"); n != 0 {
 		t.Fatalf("RetryServerNow called %d times for a server that answers", n)
 	}
@@ -197,4 +198,67 @@ func TestRunWaitsForTheNextDueUser(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	waitUntil(t, "the resync", func() bool { return count() == 1 })
+}
+
+// A sign of life from a held-back server, which arrives on the path of
+// each of its requests, returns without waiting for the database: the
+// write that makes its users due is made in the background, once for a
+// burst of requests.
+func TestServerAliveDoesNotWait(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	db := newFakeStore()
+	clk := clock.NewFake()
+	var mu sync.Mutex
+	fail := true
+	resynced := 0
+	u := New(db, func(ctx context.Context, server, userID string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return errors.New("i/o timeout")
+		}
+		resynced++
+		db.remove(userID)
+		return nil
+	}, Options{Clock: clk, Jitter: noJitter, Logger: quiet()})
+	db.mark("@a:down.test", "down.test", 0)
+	a, _ := db.entry("@a:down.test")
+	u.resyncOne(ctx, a) // fails: the server is held back
+	if e, _ := db.entry("@a:down.test"); e.RetryAtTS == 0 {
+		t.Fatal("the server was not held back")
+	}
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	db.block = make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); u.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	returned := func(f func()) {
+		t.Helper()
+		ch := make(chan struct{})
+		go func() { defer close(ch); f() }()
+		waitUntil(t, "ServerAlive to return", func() bool {
+			select {
+			case <-ch:
+				return true
+			default:
+				return false
+			}
+		})
+	}
+	returned(func() { u.ServerAlive("down.test") })
+	waitUntil(t, "the background write", func() bool { return db.called("RetryServerNow") == 1 })
+	// The write is stuck in the database; more requests still return.
+	returned(func() {
+		for i := 0; i < 100; i++ {
+			u.ServerAlive("down.test")
+		}
+	})
+	close(db.block)
+	waitUntil(t, "the resync", func() bool { mu.Lock(); defer mu.Unlock(); return resynced == 1 })
+	if n := db.called("RetryServerNow"); n != 1 {
+		t.Fatalf("%d writes for one burst of requests, want 1", n)
+	}
 }

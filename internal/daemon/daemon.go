@@ -118,7 +118,7 @@ func (d *Daemon) MetricsAddr() string {
 // serverAlive is told of each server that sent an authenticated request.
 func (d *Daemon) serverAlive(origin string) {
 	d.fed.MarkAlive(origin)
-	d.ks.ServerAlive(context.Background(), origin)
+	d.ks.ServerAlive(origin)
 }
 
 // NewLogger makes the logger the configuration asks for.
