@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,6 +26,8 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"golang.org/x/crypto/bcrypt"
 	"gopkg.in/yaml.v3"
+
+	"github.com/keyserver/keyserver/internal/iprange"
 )
 
 // defaultYAML is a complete, commented configuration at default values. It is
@@ -121,6 +124,13 @@ type FederationConfig struct {
 	// remote server; 0 per second turns the limit off. Defaults 100 and 400.
 	RateLimitPerSecond int `yaml:"rate_limit_per_second"`
 	RateLimitBurst     int `yaml:"rate_limit_burst"`
+	// IPRangeDenylist are the addresses (CIDRs or single IPs) outbound
+	// requests may not connect to, checked after DNS resolution. Default
+	// every non-public range (iprange.NonPublic).
+	IPRangeDenylist []string `yaml:"ip_range_denylist"`
+	// IPRangeAllowlist are addresses allowed even though the denylist
+	// names them (test set-ups on loopback: 127.0.0.0/8). Default none.
+	IPRangeAllowlist []string `yaml:"ip_range_allowlist"`
 }
 
 // MetricsConfig is the operators' listener: Prometheus metrics and, when
@@ -224,6 +234,8 @@ func Default() *Config {
 			OldVerifyKeys:      map[string]OldVerifyKey{},
 			RateLimitPerSecond: 100,
 			RateLimitBurst:     400,
+			IPRangeDenylist:    slices.Clone(iprange.NonPublic),
+			IPRangeAllowlist:   []string{},
 		},
 	}
 }
@@ -385,6 +397,17 @@ func (c *Config) Validate() error {
 	if c.Federation.SendWait <= 0 {
 		add("federation.send_wait must be positive, not %s", c.Federation.SendWait)
 	}
+	for _, l := range []struct {
+		key     string
+		entries []string
+	}{
+		{"federation.ip_range_denylist", c.Federation.IPRangeDenylist},
+		{"federation.ip_range_allowlist", c.Federation.IPRangeAllowlist},
+	} {
+		if _, err := iprange.Parse(l.entries); err != nil {
+			add("%s: %v", l.key, err)
+		}
+	}
 
 	if len(problems) == 0 {
 		return nil
@@ -522,8 +545,8 @@ func (c *Config) GeneratedTLS() bool {
 
 // Set sets one setting, named by its dotted YAML key (for example
 // "client_api.bcrypt_cost"), from its string form. It is meant for
-// command-line and environment overrides. Booleans use strconv.ParseBool and
-// durations the same syntax as the file. Set does not call Validate.
+// command-line and environment overrides. Booleans use strconv.ParseBool,
+// durations the same syntax as the file, and lists are comma-separated. Set does not call Validate.
 //
 // Keys are found by reflection over the yaml tags, so a new setting is
 // settable as soon as it is added to the structs.
@@ -561,7 +584,7 @@ func Keys() []string {
 			}
 			if ft := t.Field(i).Type; isSection(ft) {
 				walk(ft, prefix+name+".")
-			} else if ft.Kind() == reflect.Map || ft.Kind() == reflect.Slice {
+			} else if ft.Kind() == reflect.Map || (ft.Kind() == reflect.Slice && ft.Elem().Kind() != reflect.String) {
 				continue // structured settings live only in the file
 			} else {
 				keys = append(keys, prefix+name)
@@ -633,6 +656,18 @@ func setFromString(v reflect.Value, s string) error {
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString(s)
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.String {
+			return fmt.Errorf("settings of type %s cannot be set from a string", v.Type())
+		}
+		// A comma-separated list; an empty value is the empty list.
+		list := []string{}
+		for _, e := range strings.Split(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				list = append(list, e)
+			}
+		}
+		v.Set(reflect.ValueOf(list))
 	case reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {

@@ -228,6 +228,16 @@ func TestValidate(t *testing.T) {
 			modify:  func(c *Config) { c.ServerName = "[192.0.2.1]" },
 			wantErr: []string{`server_name "[192.0.2.1]"`},
 		},
+		{name: "allowlist", modify: func(c *Config) { c.Federation.IPRangeAllowlist = []string{"127.0.0.0/8", "::1"} }},
+		{
+			name: "bad IP ranges",
+			modify: func(c *Config) {
+				c.Federation.IPRangeDenylist = []string{"10.0.0.0/8", "10.0.0.0/40"}
+				c.Federation.IPRangeAllowlist = []string{"localhost"}
+			},
+			wantErr: []string{`federation.ip_range_denylist: not an IP address or CIDR range: "10.0.0.0/40"`,
+				`federation.ip_range_allowlist: not an IP address or CIDR range: "localhost"`},
+		},
 		{
 			name:    "empty server name",
 			modify:  func(c *Config) { c.ServerName = "" },
@@ -332,6 +342,12 @@ func TestSet(t *testing.T) {
 		{key: "client_api.max_request_bytes", value: "4194304", check: func(c *Config) bool { return c.ClientAPI.MaxRequestBytes == 4<<20 }},
 		{key: "federation.send_wait", value: "1m30s", check: func(c *Config) bool { return c.Federation.SendWait == Duration(90*time.Second) }},
 		{key: "client_api.sync_max_timeout", value: "2m", check: func(c *Config) bool { return c.ClientAPI.SyncMaxTimeout.Duration() == 2*time.Minute }},
+		{key: "federation.ip_range_allowlist", value: "127.0.0.0/8, ::1,", check: func(c *Config) bool {
+			return reflect.DeepEqual(c.Federation.IPRangeAllowlist, []string{"127.0.0.0/8", "::1"})
+		}},
+		{key: "federation.ip_range_denylist", value: "", check: func(c *Config) bool {
+			return c.Federation.IPRangeDenylist != nil && len(c.Federation.IPRangeDenylist) == 0
+		}},
 
 		{key: "federation.tls_insecure_skip_verify", value: "perhaps", wantErr: `federation.tls_insecure_skip_verify: "perhaps" is not a boolean`},
 		{key: "client_api.bcrypt_cost", value: "twelve", wantErr: `client_api.bcrypt_cost: "twelve" is not an integer`},
@@ -382,13 +398,14 @@ func TestKeys(t *testing.T) {
 		"metrics.listen", "metrics.pprof",
 		"client_api.rate_limit_per_second", "client_api.rate_limit_burst",
 		"federation.rate_limit_per_second", "federation.rate_limit_burst",
+		"federation.ip_range_denylist", "federation.ip_range_allowlist",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 26 {
-		t.Errorf("Keys() has %d keys, want 26: %q", len(keys), keys)
+	if len(keys) != 28 {
+		t.Errorf("Keys() has %d keys, want 28: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.

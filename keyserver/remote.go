@@ -39,9 +39,11 @@ func (s *Service) remoteTimeout(ms *int64) time.Duration {
 	return min(time.Duration(*ms)*time.Millisecond, maxRemoteTimeout)
 }
 
-// failure is how a server's failure is reported to clients.
+// failure is how a server's failure is reported to clients: a status and
+// a fixed message, never the error's own text, which may name addresses
+// and ports (fedclient logs the details).
 func failure(err error) map[string]any {
-	return map[string]any{"status": fedclient.Status(err), "message": err.Error()}
+	return map[string]any{"status": fedclient.Status(err), "message": fedclient.PublicMessage(err)}
 }
 
 var errNoFederation = errors.New("federation is not configured")

@@ -25,6 +25,7 @@ import (
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/identity"
+	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
@@ -201,6 +202,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	fo := fedclient.Options{
 		ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
 		SkipVerify: cfg.Federation.TLSInsecureSkipVerify, Logger: log,
+		// Validate has parsed both lists.
+		AddressPolicy: &fedclient.AddressPolicy{
+			Deny:  iprange.MustParse(cfg.Federation.IPRangeDenylist),
+			Allow: iprange.MustParse(cfg.Federation.IPRangeAllowlist),
+		},
 	}
 	ko := keyserver.Options{
 		ServerName:                cfg.ServerName,
