@@ -29,7 +29,11 @@ type Options struct {
 	AdminToken string
 	// RateLimit bounds each access token's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
-	Logger    logrus.FieldLogger
+	// WriteTimeout is the listener's write timeout (0: none). Requests
+	// that wait (/sync for news, key queries and claims for other
+	// servers) get their longest wait on top of it.
+	WriteTimeout time.Duration
+	Logger       logrus.FieldLogger
 }
 
 // API serves the client-server API.
@@ -82,10 +86,10 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
 		// r0 clients may name their device in the path; the token decides.
 		s.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/query", a.authed(a.queryKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
+		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
-		s.Handle("/sync", a.authed(a.sync)).Methods(http.MethodGet)
+		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
@@ -145,6 +149,15 @@ func (a *API) authed(h authedHandler) http.Handler {
 			return
 		}
 		httpx.JSON(w, http.StatusOK, body)
+	})
+}
+
+// waits gives an endpoint that may wait up to wait that long beyond the
+// write timeout.
+func (a *API) waits(wait time.Duration, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpx.ExtendWriteDeadline(w, wait, a.opts.WriteTimeout)
+		h.ServeHTTP(w, r)
 	})
 }
 

@@ -238,6 +238,24 @@ func TestValidate(t *testing.T) {
 			wantErr: []string{`federation.ip_range_denylist: not an IP address or CIDR range: "10.0.0.0/40"`,
 				`federation.ip_range_allowlist: not an IP address or CIDR range: "localhost"`},
 		},
+		{name: "no connection cap", modify: func(c *Config) { c.ClientAPI.MaxConnectionsPerAddress = 0 }},
+		{
+			name: "bad timeouts",
+			modify: func(c *Config) {
+				c.ClientAPI.ReadTimeout = 0
+				c.Federation.IdleTimeout = -1
+				c.Federation.MaxConnectionsPerAddress = -1
+				c.ClientAPI.TrustedProxies = []string{"proxy.local"}
+			},
+			wantErr: []string{"client_api.read_timeout must be positive, not 0s", "federation.idle_timeout must be positive",
+				"federation.max_connections_per_address must be 0 (off) or positive, not -1",
+				`client_api.trusted_proxies: not an IP address or CIDR range: "proxy.local"`},
+		},
+		{
+			name:    "federation write timeout within send_wait",
+			modify:  func(c *Config) { c.Federation.WriteTimeout = Duration(10 * time.Second) },
+			wantErr: []string{"federation.write_timeout (10s) must be longer than federation.send_wait (10s)"},
+		},
 		{
 			name:    "empty server name",
 			modify:  func(c *Config) { c.ServerName = "" },
@@ -399,13 +417,17 @@ func TestKeys(t *testing.T) {
 		"client_api.rate_limit_per_second", "client_api.rate_limit_burst",
 		"federation.rate_limit_per_second", "federation.rate_limit_burst",
 		"federation.ip_range_denylist", "federation.ip_range_allowlist",
+		"client_api.read_timeout", "client_api.write_timeout", "client_api.idle_timeout",
+		"client_api.max_connections_per_address", "client_api.trusted_proxies",
+		"federation.read_timeout", "federation.write_timeout", "federation.idle_timeout",
+		"federation.max_connections_per_address",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 28 {
-		t.Errorf("Keys() has %d keys, want 28: %q", len(keys), keys)
+	if len(keys) != 37 {
+		t.Errorf("Keys() has %d keys, want 37: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.
