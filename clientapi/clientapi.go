@@ -5,7 +5,6 @@ package clientapi
 
 import (
 	"crypto/subtle"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
@@ -29,6 +29,9 @@ type Options struct {
 	AdminToken string
 	// RateLimit bounds each access token's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For is
+	// believed; empty: the header is ignored.
+	TrustedProxies iprange.Set
 	// WriteTimeout is the listener's write timeout (0: none). Requests
 	// that wait (/sync for news, key queries and claims for other
 	// servers) get their longest wait on top of it.
@@ -104,7 +107,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		}
 		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	}).Methods(http.MethodGet)
-	return httpx.Middleware(opts.Logger, "client", httpx.CORS(r))
+	return clientAddress(opts.TrustedProxies, httpx.Middleware(opts.Logger, "client", httpx.CORS(r)))
 }
 
 type prefixed struct {
@@ -202,14 +205,6 @@ func pathVar(r *http.Request, name string) (string, error) {
 		return "", mxerr.InvalidParam("bad percent-encoding in %s", name)
 	}
 	return v, httpx.CleanParam(name, v)
-}
-
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 func (a *API) decode(r *http.Request, v any) error {

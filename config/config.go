@@ -106,8 +106,10 @@ type ClientAPIConfig struct {
 	// off. Addresses in TrustedProxies are exempt. Default 100.
 	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
 	// TrustedProxies are the reverse proxies (IPs or CIDRs) whose
-	// connections are exempt from MaxConnectionsPerAddress, on both
-	// listeners. Default none.
+	// X-Forwarded-For is believed (the right-most address that is not a
+	// trusted proxy is the client's) and whose connections are exempt from
+	// MaxConnectionsPerAddress, on both listeners. Default none: the
+	// header is ignored.
 	TrustedProxies []string `yaml:"trusted_proxies"`
 }
 

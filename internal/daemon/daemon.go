@@ -231,6 +231,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			AdminToken:      cfg.AdminToken,
 			RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),
 			WriteTimeout:    cfg.ClientAPI.WriteTimeout.Duration(),
+			TrustedProxies:  iprange.MustParse(cfg.ClientAPI.TrustedProxies),
 			Logger:          log,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
