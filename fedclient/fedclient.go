@@ -263,11 +263,6 @@ func (c *Client) Do(ctx context.Context, method, dest, path string, body, out an
 	}
 	err = c.do(ctx, method, dest, path, body, out)
 	c.release(dest, d, err)
-	if err != nil {
-		// The details stay here: clients are told PublicMessage.
-		c.opts.Logger.WithFields(logrus.Fields{"destination": dest, "method": method, "path": path, "error": err.Error()}).
-			Debug("federation request failed")
-	}
 	return err
 }
 
