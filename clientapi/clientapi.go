@@ -5,7 +5,6 @@ package clientapi
 
 import (
 	"crypto/subtle"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
@@ -29,7 +29,14 @@ type Options struct {
 	AdminToken string
 	// RateLimit bounds each access token's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
-	Logger    logrus.FieldLogger
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For is
+	// believed; empty: the header is ignored.
+	TrustedProxies iprange.Set
+	// WriteTimeout is the listener's write timeout (0: none). Requests
+	// that wait (/sync for news, key queries and claims for other
+	// servers) get their longest wait on top of it.
+	WriteTimeout time.Duration
+	Logger       logrus.FieldLogger
 }
 
 // API serves the client-server API.
@@ -82,10 +89,10 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
 		// r0 clients may name their device in the path; the token decides.
 		s.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/query", a.authed(a.queryKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
+		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
-		s.Handle("/sync", a.authed(a.sync)).Methods(http.MethodGet)
+		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
@@ -100,7 +107,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		}
 		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	}).Methods(http.MethodGet)
-	return httpx.Middleware(opts.Logger, "client", httpx.CORS(r))
+	return clientAddress(opts.TrustedProxies, httpx.Middleware(opts.Logger, "client", httpx.CORS(r)))
 }
 
 type prefixed struct {
@@ -148,6 +155,15 @@ func (a *API) authed(h authedHandler) http.Handler {
 	})
 }
 
+// waits gives an endpoint that may wait up to wait that long beyond the
+// write timeout.
+func (a *API) waits(wait time.Duration, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpx.ExtendWriteDeadline(w, wait, a.opts.WriteTimeout)
+		h.ServeHTTP(w, r)
+	})
+}
+
 // admin guards the admin API with the configured token.
 func (a *API) admin(h handler) http.Handler {
 	return a.public(func(r *http.Request) (any, error) {
@@ -189,14 +205,6 @@ func pathVar(r *http.Request, name string) (string, error) {
 		return "", mxerr.InvalidParam("bad percent-encoding in %s", name)
 	}
 	return v, httpx.CleanParam(name, v)
-}
-
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 func (a *API) decode(r *http.Request, v any) error {
