@@ -258,13 +258,18 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	return LoginResponse{UserID: userID, AccessToken: token, DeviceID: l.DeviceID}, nil
 }
 
-// resolveUser turns what a client names a user by (a user ID, or a
-// localpart of ours in any case) into a user ID.
+// resolveUser turns what a client names a user by (a localpart of ours or
+// a user ID) into a user ID. The localpart of our own users is lower-cased
+// in both forms, as Synapse and Dendrite do: every ID this server creates
+// is lower case, and clients pass on what the user typed.
 func (s *Service) resolveUser(user string) string {
-	if strings.HasPrefix(user, "@") {
-		return user
+	if !strings.HasPrefix(user, "@") {
+		return "@" + strings.ToLower(user) + ":" + s.opts.ServerName
 	}
-	return "@" + strings.ToLower(user) + ":" + s.opts.ServerName
+	if localpart, server, ok := strings.Cut(user[1:], ":"); ok && server == s.opts.ServerName {
+		return "@" + strings.ToLower(localpart) + ":" + server
+	}
+	return user
 }
 
 // checkPassword resolves a localpart or user ID of ours and checks the
