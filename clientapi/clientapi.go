@@ -135,6 +135,7 @@ func (a *API) authed(h authedHandler) http.Handler {
 			httpx.Error(w, r, err)
 			return
 		}
+		c.IP = remoteIP(r)
 		if ok, wait := a.opts.RateLimit.Allow(c.UserID + "|" + c.DeviceID); !ok {
 			httpx.LimitExceeded(w, r, wait)
 			return
@@ -304,7 +305,7 @@ func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.DeleteDevices(r.Context(), c, []string{id}, req.Auth)
+	return empty, a.ks.DeleteDevice(r.Context(), c, id, req.Auth)
 }
 
 func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {

@@ -19,6 +19,7 @@ import (
 type Caller struct {
 	UserID   string
 	DeviceID string
+	IP       string // the remote address of the request, for logs
 }
 
 // Authenticate resolves an access token.
@@ -43,23 +44,6 @@ type AuthData struct {
 		Type string `json:"type"`
 		User string `json:"user"`
 	} `json:"identifier"`
-}
-
-// challenge is the 401 answer that starts (or, with cause, repeats) a
-// user-interactive auth flow of a single stage.
-func challenge(stage, session string, cause *mxerr.Error) *mxerr.Error {
-	if session == "" {
-		session = newSessionID()
-	}
-	e := &mxerr.Error{Status: http.StatusUnauthorized, Extra: map[string]any{
-		"flows":   []any{map[string]any{"stages": []string{stage}}},
-		"params":  map[string]any{},
-		"session": session,
-	}}
-	if cause != nil {
-		e.Code, e.Message = cause.Code, cause.Message
-	}
-	return e
 }
 
 // RegisterRequest is POST /register.
@@ -125,17 +109,22 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 			return LoginResponse{}, mxerr.UserInUse("user ID %s is already taken", userID)
 		}
 	}
-	if r.Auth == nil {
-		return LoginResponse{}, challenge("m.login.dummy", "", nil)
-	}
-	if r.Auth.Type != "m.login.dummy" {
-		return LoginResponse{}, challenge("m.login.dummy", r.Auth.Session,
-			mxerr.Forbidden("auth type %q is not offered; use m.login.dummy", r.Auth.Type))
-	}
 	// Checked after the challenge, so a client may learn the flows with an
-	// empty request.
-	if r.Password == nil {
+	// empty request, and before the stage, so that a mistake does not use
+	// up the session.
+	if r.Auth != nil && r.Password == nil {
 		return LoginResponse{}, mxerr.MissingParam("password is required")
+	}
+	// The session is bound to registering, not to the body: the dummy
+	// stage vouches for nothing in it, and clients commonly learn the
+	// flows with a request that names no user yet.
+	kind := r.Kind
+	if kind == "" {
+		kind = "user"
+	}
+	req := uiaRequest{Method: http.MethodPost, Path: "/register", Params: kind}
+	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*AuthData) error { return nil }); err != nil {
+		return LoginResponse{}, err
 	}
 	hash, err := hashPassword(*r.Password, s.opts.BcryptCost)
 	if err != nil {
@@ -240,7 +229,7 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	if err := checkDisplayName(r.InitialDeviceDisplayName); err != nil {
 		return LoginResponse{}, err
 	}
-	userID, err := s.checkPassword(ctx, user, *r.Password)
+	userID, err := s.checkPassword(ctx, user, *r.Password, r.IP)
 	if err != nil {
 		return LoginResponse{}, err
 	}
@@ -274,7 +263,7 @@ func (s *Service) resolveUser(user string) string {
 
 // checkPassword resolves a localpart or user ID of ours and checks the
 // password. Every failure is the same 403, and takes as long.
-func (s *Service) checkPassword(ctx context.Context, user, password string) (string, error) {
+func (s *Service) checkPassword(ctx context.Context, user, password, ip string) (string, error) {
 	userID := s.resolveUser(user)
 	forbidden := mxerr.Forbidden("invalid username or password")
 	hash, err := s.db.PasswordHash(ctx, userID)

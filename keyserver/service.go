@@ -34,6 +34,9 @@ type Options struct {
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
+	// UIASessionLifetime is how long a user-interactive auth session may
+	// be completed after it started (default 30 minutes).
+	UIASessionLifetime time.Duration
 	// DeviceNamesOverFederation shows device display names to other servers.
 	DeviceNamesOverFederation bool
 	Logger                    logrus.FieldLogger
@@ -71,6 +74,9 @@ func New(db storage.Database, opts Options) *Service {
 	}
 	if opts.SendWait <= 0 {
 		opts.SendWait = 10 * time.Second
+	}
+	if opts.UIASessionLifetime <= 0 {
+		opts.UIASessionLifetime = 30 * time.Minute
 	}
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute

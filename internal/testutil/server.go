@@ -36,6 +36,8 @@ type ServerOptions struct {
 	MaxRequestBytes    int64
 	// A rate limit per access token (off when RateLimitPerSecond is 0).
 	RateLimitPerSecond, RateLimitBurst int
+	// Now is the domain's clock (time.Now when nil).
+	Now func() time.Time
 }
 
 // Server is a client API on a loopback listener, backed by a real store.
@@ -64,6 +66,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		BcryptCost:       4, // the minimum: tests check passwords, not bcrypt's strength
 		MaxOneTimeKeys:   o.MaxOneTimeKeys,
 		Logger:           log,
+		Now:              o.Now,
 	})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit: ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil)})

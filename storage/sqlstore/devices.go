@@ -192,45 +192,58 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 		return nil, 0, nil
 	}
 	err := s.write(ctx, func(tx *txn) error {
-		deleted = nil
-		query := `SELECT device_id FROM devices WHERE user_id = $1`
-		if deviceIDs != nil {
-			query += ` AND device_id IN (` + placeholders(2, len(deviceIDs)) + `)`
-		}
-		rows, err := tx.QueryContext(ctx, query+` ORDER BY device_id`+s.d.forUpdate, args([]any{userID}, deviceIDs)...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return err
-			}
-			deleted = append(deleted, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if len(deleted) == 0 {
-			return nil
-		}
-		in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
-		for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "devices"} {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
-				return err
-			}
-		}
-		if err := s.revokeTokens(ctx, tx, userID); err != nil {
-			return err
-		}
-		for _, id := range deleted {
-			if pos, err = s.recordLocalChange(ctx, tx, userID, id, true); err != nil {
-				return err
-			}
-		}
-		return nil
+		var err error
+		deleted, pos, err = s.deleteDevices(ctx, tx, userID, deviceIDs)
+		return err
 	})
 	return deleted, pos, err
+}
+
+// deleteDevices is DeleteDevices in the caller's transaction.
+func (s *Store) deleteDevices(ctx context.Context, tx *txn, userID string, deviceIDs []string) ([]string, storage.StreamPos, error) {
+	var (
+		deleted []string
+		pos     storage.StreamPos
+	)
+	if deviceIDs != nil && len(deviceIDs) == 0 {
+		return nil, 0, nil
+	}
+	query := `SELECT device_id FROM devices WHERE user_id = $1`
+	if deviceIDs != nil {
+		query += ` AND device_id IN (` + placeholders(2, len(deviceIDs)) + `)`
+	}
+	rows, err := tx.QueryContext(ctx, query+` ORDER BY device_id`+s.d.forUpdate, args([]any{userID}, deviceIDs)...)
+	if err != nil {
+		return nil, 0, err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		deleted = append(deleted, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	if len(deleted) == 0 {
+		return nil, 0, nil
+	}
+	in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
+	for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "devices"} {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
+			return nil, 0, err
+		}
+	}
+	if err := s.revokeTokens(ctx, tx, userID); err != nil {
+		return nil, 0, err
+	}
+	for _, id := range deleted {
+		if pos, err = s.recordLocalChange(ctx, tx, userID, id, true); err != nil {
+			return nil, 0, err
+		}
+	}
+	return deleted, pos, nil
 }
