@@ -29,7 +29,10 @@ type Options struct {
 	AdminToken string
 	// RateLimit bounds each access token's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
-	Logger    logrus.FieldLogger
+	// LoginLimit and RegisterLimit bound the /login and /register
+	// requests of each remote address; nil: no limit.
+	LoginLimit, RegisterLimit *ratelimit.Limiter
+	Logger                    logrus.FieldLogger
 }
 
 // API serves the client-server API.
@@ -215,7 +218,18 @@ func (a *API) versions(r *http.Request) (any, error) {
 	return map[string]any{"versions": specVersions, "unstable_features": map[string]bool{}}, nil
 }
 
+// limitAddress takes a token of l for the request's remote address.
+func limitAddress(l *ratelimit.Limiter, r *http.Request) error {
+	if ok, wait := l.Allow(remoteIP(r)); !ok {
+		return mxerr.LimitExceeded(wait)
+	}
+	return nil
+}
+
 func (a *API) register(r *http.Request) (any, error) {
+	if err := limitAddress(a.opts.RegisterLimit, r); err != nil {
+		return nil, err
+	}
 	var req keyserver.RegisterRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -244,6 +258,9 @@ func (a *API) loginFlows(r *http.Request) (any, error) {
 }
 
 func (a *API) login(r *http.Request) (any, error) {
+	if err := limitAddress(a.opts.LoginLimit, r); err != nil {
+		return nil, err
+	}
 	var req keyserver.LoginRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -126,7 +127,7 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*AuthData) error { return nil }); err != nil {
 		return LoginResponse{}, err
 	}
-	hash, err := hashPassword(*r.Password, s.opts.BcryptCost)
+	hash, err := s.hashPassword(ctx, *r.Password)
 	if err != nil {
 		return LoginResponse{}, err
 	}
@@ -262,20 +263,41 @@ func (s *Service) resolveUser(user string) string {
 }
 
 // checkPassword resolves a localpart or user ID of ours and checks the
-// password. Every failure is the same 403, and takes as long.
+// password. Every failure is the same 403 and takes as long, but for a
+// deactivated account (M_USER_DEACTIVATED, as the spec has it) and an
+// account with too many recent failures (429, before any check, so that
+// guessing on stops). Failures are logged, never the password.
 func (s *Service) checkPassword(ctx context.Context, user, password, ip string) (string, error) {
 	userID := s.resolveUser(user)
-	forbidden := mxerr.Forbidden("invalid username or password")
-	hash, err := s.db.PasswordHash(ctx, userID)
-	if errors.Is(err, storage.ErrNotFound) {
-		_ = comparePassword(s.dummyHash, password)
-		return "", forbidden
+	log := s.logger(ctx).WithFields(logrus.Fields{"user_id": userID, "ip": ip})
+	if ok, wait := s.opts.FailedLogins.Peek(userID); !ok {
+		log.Info("password refused unchecked: too many failed attempts for the account")
+		return "", mxerr.LimitExceeded(wait)
 	}
-	if err != nil {
+	hash, err := s.db.PasswordHash(ctx, userID)
+	known := err == nil
+	if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrDeactivated) {
 		return "", err
 	}
-	if comparePassword([]byte(hash), password) != nil {
-		return "", forbidden
+	if !known {
+		hash = string(s.dummyHash)
+	}
+	match, cerr := s.comparePassword(ctx, []byte(hash), password)
+	if cerr != nil {
+		return "", cerr
+	}
+	switch {
+	case errors.Is(err, storage.ErrDeactivated):
+		log.Info("login to a deactivated account refused")
+		return "", mxerr.New(http.StatusForbidden, "M_USER_DEACTIVATED", "this account has been deactivated")
+	case !known:
+		s.opts.FailedLogins.Allow(userID)
+		log.Info("failed login: no such user")
+		return "", mxerr.Forbidden("invalid username or password")
+	case !match:
+		s.opts.FailedLogins.Allow(userID)
+		log.Info("failed login: wrong password")
+		return "", mxerr.Forbidden("invalid username or password")
 	}
 	return userID, nil
 }
@@ -309,9 +331,9 @@ func hashPassword(password string, cost int) ([]byte, error) {
 	if cost < bcrypt.MinCost {
 		cost = bcrypt.DefaultCost
 	}
-	return bcrypt.GenerateFromPassword(passwordInput(password), cost)
+	return bcryptGenerate(passwordInput(password), cost)
 }
 
 func comparePassword(hash []byte, password string) error {
-	return bcrypt.CompareHashAndPassword(hash, passwordInput(password))
+	return bcryptCompare(hash, passwordInput(password))
 }

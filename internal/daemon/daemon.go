@@ -210,6 +210,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		SyncMaxTimeout:            cfg.ClientAPI.SyncMaxTimeout.Duration(),
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
 		SendWait:                  cfg.Federation.SendWait.Duration(),
+		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
+		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
 		Logger:                    log,
 	}
 	if so.tune != nil {
@@ -223,6 +225,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			AdminToken:      cfg.AdminToken,
 			RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),
+			LoginLimit:      limiter(cfg.ClientAPI.LoginRateLimit),
+			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
 		}),
 		ReadHeaderTimeout: 30 * time.Second,
@@ -281,6 +285,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		"database":    store.Dialect(),
 	}).Info("keyserver started")
 	return d, nil
+}
+
+// limiter makes the limiter a rate-limit setting describes.
+func limiter(rl config.RateLimit) *ratelimit.Limiter {
+	return ratelimit.New(rl.PerSecond, rl.Burst, nil)
 }
 
 func oldVerifyKeys(cfg *config.Config) map[string]federationapi.OldVerifyKey {
