@@ -77,6 +77,10 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/logout", a.authed(a.logout)).Methods(http.MethodPost)
 		s.Handle("/logout/all", a.authed(a.logoutAll)).Methods(http.MethodPost)
 		s.Handle("/account/whoami", a.authed(a.whoami)).Methods(http.MethodGet)
+		s.Handle("/account/password", a.authed(a.changePassword)).Methods(http.MethodPost)
+		s.Handle("/account/deactivate", a.authed(a.deactivate)).Methods(http.MethodPost)
+		s.Handle("/account/3pid", a.authed(a.threePIDs)).Methods(http.MethodGet)
+		s.Handle("/capabilities", a.authed(a.capabilities)).Methods(http.MethodGet)
 		s.Handle("/devices", a.authed(a.devices)).Methods(http.MethodGet)
 		s.Handle("/devices/{deviceId}", a.authed(a.device)).Methods(http.MethodGet)
 		s.Handle("/devices/{deviceId}", a.authed(a.renameDevice)).Methods(http.MethodPut)
@@ -279,6 +283,37 @@ func (a *API) logoutAll(r *http.Request, c keyserver.Caller) (any, error) {
 
 func (a *API) whoami(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"user_id": c.UserID, "device_id": c.DeviceID, "is_guest": false}, nil
+}
+
+func (a *API) changePassword(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.ChangePasswordRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.ChangePassword(r.Context(), c, req)
+}
+
+func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.DeactivateRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	if err := a.ks.Deactivate(r.Context(), c, req); err != nil {
+		return nil, err
+	}
+	// No identity server is ever bound.
+	return map[string]string{"id_server_unbind_result": "no-support"}, nil
+}
+
+// threePIDs answers GET /account/3pid: no third-party IDs are kept.
+func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"threepids": []any{}}, nil
+}
+
+func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"capabilities": map[string]any{
+		"m.change_password": map[string]bool{"enabled": true},
+	}}, nil
 }
 
 func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
