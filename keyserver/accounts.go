@@ -241,6 +241,9 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 		l.DeviceID = *r.DeviceID
 	}
 	res, err := s.db.Login(ctx, l)
+	if errors.Is(err, storage.ErrDeactivated) {
+		return LoginResponse{}, errDeactivated()
+	}
 	if err != nil {
 		return LoginResponse{}, err
 	}
@@ -289,7 +292,7 @@ func (s *Service) checkPassword(ctx context.Context, user, password, ip string) 
 	switch {
 	case errors.Is(err, storage.ErrDeactivated):
 		log.Info("login to a deactivated account refused")
-		return "", mxerr.New(http.StatusForbidden, "M_USER_DEACTIVATED", "this account has been deactivated")
+		return "", errDeactivated()
 	case !known:
 		s.opts.FailedLogins.Allow(userID)
 		log.Info("failed login: no such user")
@@ -300,6 +303,10 @@ func (s *Service) checkPassword(ctx context.Context, user, password, ip string) 
 		return "", mxerr.Forbidden("invalid username or password")
 	}
 	return userID, nil
+}
+
+func errDeactivated() *mxerr.Error {
+	return mxerr.New(http.StatusForbidden, "M_USER_DEACTIVATED", "this account has been deactivated")
 }
 
 // Logout deletes the caller's device (and so its token and keys).

@@ -248,6 +248,8 @@ type Database interface {
 	ConsumeUIASession(ctx context.Context, sessionID string) (bool, error)
 
 	// Devices and access tokens.
+	// Login logs a device in; ErrDeactivated when the account was
+	// deactivated meanwhile.
 	Login(ctx context.Context, login NewLogin) (LoginResult, error)
 	TokenOwner(ctx context.Context, tokenHash string) (userID, deviceID string, err error)
 	Devices(ctx context.Context, userID string) ([]Device, error)

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -13,7 +14,18 @@ import (
 func (s *Store) Login(ctx context.Context, login storage.NewLogin) (storage.LoginResult, error) {
 	var res storage.LoginResult
 	err := s.write(ctx, func(tx *txn) error {
-		var err error
+		// The lock orders this login with a deactivation (which updates
+		// the row first): a login checked just before it cannot leave a
+		// device behind on the closed account.
+		var deactivated int64
+		err := tx.QueryRowContext(ctx, `SELECT deactivated_ts FROM accounts WHERE user_id = $1`+s.d.forUpdate, login.UserID).
+			Scan(&deactivated)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if deactivated != 0 {
+			return storage.ErrDeactivated
+		}
 		res, err = s.login(ctx, tx, login)
 		return err
 	})
