@@ -74,7 +74,7 @@ func (s *Store) ChangePassword(ctx context.Context, userID, passwordHash, keepDe
 		if !logoutOthers {
 			return nil
 		}
-		others, err := otherDevices(ctx, tx, userID, keepDevice)
+		others, err := s.txUserList(ctx, tx, `SELECT device_id FROM devices WHERE user_id = $1 AND device_id <> $2`, userID, keepDevice)
 		if err != nil || len(others) == 0 {
 			return err
 		}
@@ -82,23 +82,6 @@ func (s *Store) ChangePassword(ctx context.Context, userID, passwordHash, keepDe
 		return err
 	})
 	return pos, err
-}
-
-func otherDevices(ctx context.Context, tx *txn, userID, keepDevice string) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT device_id FROM devices WHERE user_id = $1 AND device_id <> $2`, userID, keepDevice)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
 }
 
 // DeactivateAccount deletes everything of a user and keeps the account row,
@@ -139,20 +122,5 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 // JoinedRooms lists the rooms a user is joined to.
 func (s *Store) JoinedRooms(ctx context.Context, userID string) (_ []string, err error) {
 	defer named("JoinedRooms", &err)
-	rows, err := s.q.QueryContext(ctx,
-		`SELECT room_id FROM memberships WHERE user_id = $1 AND membership = $2 ORDER BY room_id`,
-		userID, storage.MembershipJoin)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var rooms []string
-	for rows.Next() {
-		var r string
-		if err := rows.Scan(&r); err != nil {
-			return nil, err
-		}
-		rooms = append(rooms, r)
-	}
-	return rooms, rows.Err()
+	return s.userList(ctx, `SELECT room_id FROM memberships WHERE user_id = $1 AND membership = $2`, userID, storage.MembershipJoin)
 }
