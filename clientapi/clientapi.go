@@ -5,7 +5,6 @@ package clientapi
 
 import (
 	"crypto/subtle"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
@@ -29,7 +29,17 @@ type Options struct {
 	AdminToken string
 	// RateLimit bounds each access token's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
-	Logger    logrus.FieldLogger
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For is
+	// believed; empty: the header is ignored.
+	TrustedProxies iprange.Set
+	// WriteTimeout is the listener's write timeout (0: none). Requests
+	// that wait (/sync for news, key queries and claims for other
+	// servers) get their longest wait on top of it.
+	WriteTimeout time.Duration
+	// LoginLimit and RegisterLimit bound the /login and /register
+	// requests of each remote address; nil: no limit.
+	LoginLimit, RegisterLimit *ratelimit.Limiter
+	Logger                    logrus.FieldLogger
 }
 
 // API serves the client-server API.
@@ -74,6 +84,10 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/logout", a.authed(a.logout)).Methods(http.MethodPost)
 		s.Handle("/logout/all", a.authed(a.logoutAll)).Methods(http.MethodPost)
 		s.Handle("/account/whoami", a.authed(a.whoami)).Methods(http.MethodGet)
+		s.Handle("/account/password", a.authed(a.changePassword)).Methods(http.MethodPost)
+		s.Handle("/account/deactivate", a.authed(a.deactivate)).Methods(http.MethodPost)
+		s.Handle("/account/3pid", a.authed(a.threePIDs)).Methods(http.MethodGet)
+		s.Handle("/capabilities", a.authed(a.capabilities)).Methods(http.MethodGet)
 		s.Handle("/devices", a.authed(a.devices)).Methods(http.MethodGet)
 		s.Handle("/devices/{deviceId}", a.authed(a.device)).Methods(http.MethodGet)
 		s.Handle("/devices/{deviceId}", a.authed(a.renameDevice)).Methods(http.MethodPut)
@@ -82,10 +96,10 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
 		// r0 clients may name their device in the path; the token decides.
 		s.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/query", a.authed(a.queryKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
+		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
-		s.Handle("/sync", a.authed(a.sync)).Methods(http.MethodGet)
+		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
@@ -100,7 +114,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		}
 		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	}).Methods(http.MethodGet)
-	return httpx.Middleware(opts.Logger, "client", httpx.CORS(r))
+	return clientAddress(opts.TrustedProxies, httpx.Middleware(opts.Logger, "client", httpx.CORS(r)))
 }
 
 type prefixed struct {
@@ -135,6 +149,7 @@ func (a *API) authed(h authedHandler) http.Handler {
 			httpx.Error(w, r, err)
 			return
 		}
+		c.IP = remoteIP(r)
 		if ok, wait := a.opts.RateLimit.Allow(c.UserID + "|" + c.DeviceID); !ok {
 			httpx.LimitExceeded(w, r, wait)
 			return
@@ -145,6 +160,15 @@ func (a *API) authed(h authedHandler) http.Handler {
 			return
 		}
 		httpx.JSON(w, http.StatusOK, body)
+	})
+}
+
+// waits gives an endpoint that may wait up to wait that long beyond the
+// write timeout.
+func (a *API) waits(wait time.Duration, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpx.ExtendWriteDeadline(w, wait, a.opts.WriteTimeout)
+		h.ServeHTTP(w, r)
 	})
 }
 
@@ -191,14 +215,6 @@ func pathVar(r *http.Request, name string) (string, error) {
 	return v, httpx.CleanParam(name, v)
 }
 
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 func (a *API) decode(r *http.Request, v any) error {
 	return httpx.ReadJSON(r, a.opts.MaxRequestBytes, v, false)
 }
@@ -214,7 +230,18 @@ func (a *API) versions(r *http.Request) (any, error) {
 	return map[string]any{"versions": specVersions, "unstable_features": map[string]bool{}}, nil
 }
 
+// limitAddress takes a token of l for the request's remote address.
+func limitAddress(l *ratelimit.Limiter, r *http.Request) error {
+	if ok, wait := l.Allow(remoteIP(r)); !ok {
+		return mxerr.LimitExceeded(wait)
+	}
+	return nil
+}
+
 func (a *API) register(r *http.Request) (any, error) {
+	if err := limitAddress(a.opts.RegisterLimit, r); err != nil {
+		return nil, err
+	}
 	var req keyserver.RegisterRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -243,6 +270,9 @@ func (a *API) loginFlows(r *http.Request) (any, error) {
 }
 
 func (a *API) login(r *http.Request) (any, error) {
+	if err := limitAddress(a.opts.LoginLimit, r); err != nil {
+		return nil, err
+	}
 	var req keyserver.LoginRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -261,6 +291,37 @@ func (a *API) logoutAll(r *http.Request, c keyserver.Caller) (any, error) {
 
 func (a *API) whoami(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"user_id": c.UserID, "device_id": c.DeviceID, "is_guest": false}, nil
+}
+
+func (a *API) changePassword(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.ChangePasswordRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.ChangePassword(r.Context(), c, req)
+}
+
+func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.DeactivateRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	if err := a.ks.Deactivate(r.Context(), c, req); err != nil {
+		return nil, err
+	}
+	// No identity server is ever bound.
+	return map[string]string{"id_server_unbind_result": "no-support"}, nil
+}
+
+// threePIDs answers GET /account/3pid: no third-party IDs are kept.
+func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"threepids": []any{}}, nil
+}
+
+func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"capabilities": map[string]any{
+		"m.change_password": map[string]bool{"enabled": true},
+	}}, nil
 }
 
 func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
@@ -304,7 +365,7 @@ func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.DeleteDevices(r.Context(), c, []string{id}, req.Auth)
+	return empty, a.ks.DeleteDevice(r.Context(), c, id, req.Auth)
 }
 
 func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {

@@ -11,12 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,6 +27,8 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"golang.org/x/crypto/bcrypt"
 	"gopkg.in/yaml.v3"
+
+	"github.com/keyserver/keyserver/internal/iprange"
 )
 
 // defaultYAML is a complete, commented configuration at default values. It is
@@ -91,6 +95,46 @@ type ClientAPIConfig struct {
 	// Defaults 50 and 200.
 	RateLimitPerSecond int `yaml:"rate_limit_per_second"`
 	RateLimitBurst     int `yaml:"rate_limit_burst"`
+	// ReadTimeout, WriteTimeout and IdleTimeout bound reading a request
+	// (headers and body), answering it, and a kept-alive connection's
+	// wait for the next request. Requests that wait (/sync, queries of
+	// other servers) get their longest wait on top of WriteTimeout.
+	// Defaults 30s, 60s and 2m.
+	ReadTimeout  Duration `yaml:"read_timeout"`
+	WriteTimeout Duration `yaml:"write_timeout"`
+	IdleTimeout  Duration `yaml:"idle_timeout"`
+	// MaxConnectionsPerAddress caps the connections open at once from one
+	// remote (TCP peer) address; more are closed at once. 0 turns the cap
+	// off. Addresses in TrustedProxies are exempt. Default 100.
+	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
+	// TrustedProxies are the reverse proxies (IPs or CIDRs) whose
+	// X-Forwarded-For is believed (the right-most address that is not a
+	// trusted proxy is the client's) and whose connections are exempt from
+	// MaxConnectionsPerAddress, on both listeners. Default none: the
+	// header is ignored.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// LoginRateLimit bounds POST /login per remote address. Default 0.003
+	// per second after a burst of 5 (Synapse's rc_login.address).
+	LoginRateLimit RateLimit `yaml:"login_rate_limit"`
+	// RegistrationRateLimit bounds POST /register per remote address,
+	// counting every request (a registration commonly takes two). Default
+	// 0.17 per second after a burst of 6.
+	RegistrationRateLimit RateLimit `yaml:"registration_rate_limit"`
+	// FailedLoginRateLimit bounds wrong passwords per account, at login
+	// and in user-interactive auth; while it is exceeded every attempt on
+	// the account is refused. Default 0.17 per second after a burst of 3
+	// (Synapse's rc_login.failed_attempts).
+	FailedLoginRateLimit RateLimit `yaml:"failed_login_rate_limit"`
+	// BcryptConcurrency is how many password hashes are computed at once;
+	// the others wait. 0 (the default) means half of GOMAXPROCS, at least 1.
+	BcryptConcurrency int `yaml:"bcrypt_concurrency"`
+}
+
+// RateLimit is a token bucket: Burst requests at once, then PerSecond.
+// PerSecond 0 turns the limit off.
+type RateLimit struct {
+	PerSecond float64 `yaml:"per_second"`
+	Burst     int     `yaml:"burst"`
 }
 
 // FederationConfig is the "federation" section: the server-server API.
@@ -126,6 +170,20 @@ type FederationConfig struct {
 	// remote server; 0 per second turns the limit off. Defaults 100 and 400.
 	RateLimitPerSecond int `yaml:"rate_limit_per_second"`
 	RateLimitBurst     int `yaml:"rate_limit_burst"`
+	// IPRangeDenylist are the addresses (CIDRs or single IPs) outbound
+	// requests may not connect to, checked after DNS resolution. Default
+	// every non-public range (iprange.NonPublic).
+	IPRangeDenylist []string `yaml:"ip_range_denylist"`
+	// IPRangeAllowlist are addresses allowed even though the denylist
+	// names them (test set-ups on loopback: 127.0.0.0/8). Default none.
+	IPRangeAllowlist []string `yaml:"ip_range_allowlist"`
+	// ReadTimeout, WriteTimeout, IdleTimeout and MaxConnectionsPerAddress
+	// are those of client_api for the federation listener. WriteTimeout
+	// must exceed SendWait. Defaults 30s, 60s, 2m and 100.
+	ReadTimeout              Duration `yaml:"read_timeout"`
+	WriteTimeout             Duration `yaml:"write_timeout"`
+	IdleTimeout              Duration `yaml:"idle_timeout"`
+	MaxConnectionsPerAddress int      `yaml:"max_connections_per_address"`
 }
 
 // MetricsConfig is the operators' listener: Prometheus metrics and, when
@@ -224,23 +282,37 @@ func Default() *Config {
 			Format: "text",
 		},
 		ClientAPI: ClientAPIConfig{
-			Listen:                  "127.0.0.1:8008",
-			Registration:            "open",
-			MaxRequestBytes:         1 << 20,
-			BcryptCost:              12,
-			MaxOneTimeKeysPerDevice: 500,
-			SyncMaxTimeout:          Duration(60 * time.Second),
-			RateLimitPerSecond:      50,
-			RateLimitBurst:          200,
+			Listen:                   "127.0.0.1:8008",
+			Registration:             "open",
+			MaxRequestBytes:          1 << 20,
+			BcryptCost:               12,
+			MaxOneTimeKeysPerDevice:  500,
+			SyncMaxTimeout:           Duration(60 * time.Second),
+			RateLimitPerSecond:       50,
+			RateLimitBurst:           200,
+			ReadTimeout:              Duration(30 * time.Second),
+			WriteTimeout:             Duration(60 * time.Second),
+			IdleTimeout:              Duration(2 * time.Minute),
+			MaxConnectionsPerAddress: 100,
+			TrustedProxies:           []string{},
+			LoginRateLimit:           RateLimit{PerSecond: 0.003, Burst: 5},
+			RegistrationRateLimit:    RateLimit{PerSecond: 0.17, Burst: 6},
+			FailedLoginRateLimit:     RateLimit{PerSecond: 0.17, Burst: 3},
 		},
 		Federation: FederationConfig{
-			Listen:             "127.0.0.1:8448",
-			KeyValidity:        Duration(24 * time.Hour),
-			SendWait:           Duration(10 * time.Second),
-			SenderWorkers:      32,
-			OldVerifyKeys:      map[string]OldVerifyKey{},
-			RateLimitPerSecond: 100,
-			RateLimitBurst:     400,
+			Listen:                   "127.0.0.1:8448",
+			KeyValidity:              Duration(24 * time.Hour),
+			SendWait:                 Duration(10 * time.Second),
+			SenderWorkers:            32,
+			OldVerifyKeys:            map[string]OldVerifyKey{},
+			RateLimitPerSecond:       100,
+			RateLimitBurst:           400,
+			IPRangeDenylist:          slices.Clone(iprange.NonPublic),
+			IPRangeAllowlist:         []string{},
+			ReadTimeout:              Duration(30 * time.Second),
+			WriteTimeout:             Duration(60 * time.Second),
+			IdleTimeout:              Duration(2 * time.Minute),
+			MaxConnectionsPerAddress: 100,
 		},
 		Keys: KeysConfig{
 			StrictValidation: true,
@@ -430,6 +502,24 @@ func (c *Config) Validate() error {
 			add("%s.rate_limit_burst must be at least 1, not %d", rl.key, rl.burst)
 		}
 	}
+	for _, rl := range []struct {
+		key string
+		RateLimit
+	}{
+		{"client_api.login_rate_limit", c.ClientAPI.LoginRateLimit},
+		{"client_api.registration_rate_limit", c.ClientAPI.RegistrationRateLimit},
+		{"client_api.failed_login_rate_limit", c.ClientAPI.FailedLoginRateLimit},
+	} {
+		if rl.PerSecond < 0 || math.IsNaN(rl.PerSecond) || math.IsInf(rl.PerSecond, 0) {
+			add("%s.per_second must be 0 (off) or positive, not %v", rl.key, rl.PerSecond)
+		}
+		if rl.PerSecond > 0 && rl.Burst < 1 {
+			add("%s.burst must be at least 1, not %d", rl.key, rl.Burst)
+		}
+	}
+	if c.ClientAPI.BcryptConcurrency < 0 {
+		add("client_api.bcrypt_concurrency must be 0 (automatic) or positive, not %d", c.ClientAPI.BcryptConcurrency)
+	}
 	if c.Metrics.Listen != "" {
 		if msg := checkListen("metrics.listen", c.Metrics.Listen); msg != "" {
 			add("%s", msg)
@@ -440,6 +530,43 @@ func (c *Config) Validate() error {
 	}
 	if c.Federation.SenderWorkers < 1 {
 		add("federation.sender_workers must be at least 1, not %d", c.Federation.SenderWorkers)
+	}
+	for _, l := range []struct {
+		key     string
+		entries []string
+	}{
+		{"federation.ip_range_denylist", c.Federation.IPRangeDenylist},
+		{"federation.ip_range_allowlist", c.Federation.IPRangeAllowlist},
+		{"client_api.trusted_proxies", c.ClientAPI.TrustedProxies},
+	} {
+		if _, err := iprange.Parse(l.entries); err != nil {
+			add("%s: %v", l.key, err)
+		}
+	}
+	for _, l := range []struct {
+		key                string
+		read, write, idle  Duration
+		maxConnsPerAddress int
+	}{
+		{"client_api", c.ClientAPI.ReadTimeout, c.ClientAPI.WriteTimeout, c.ClientAPI.IdleTimeout, c.ClientAPI.MaxConnectionsPerAddress},
+		{"federation", c.Federation.ReadTimeout, c.Federation.WriteTimeout, c.Federation.IdleTimeout, c.Federation.MaxConnectionsPerAddress},
+	} {
+		for _, d := range []struct {
+			name string
+			v    Duration
+		}{{"read_timeout", l.read}, {"write_timeout", l.write}, {"idle_timeout", l.idle}} {
+			if d.v <= 0 {
+				add("%s.%s must be positive, not %s", l.key, d.name, d.v)
+			}
+		}
+		if l.maxConnsPerAddress < 0 {
+			add("%s.max_connections_per_address must be 0 (off) or positive, not %d", l.key, l.maxConnsPerAddress)
+		}
+	}
+	if c.Federation.SendWait > 0 && c.Federation.WriteTimeout > 0 && c.Federation.WriteTimeout <= c.Federation.SendWait {
+		// /send answers after up to send_wait: the answer must still be
+		// allowed to go out.
+		add("federation.write_timeout (%s) must be longer than federation.send_wait (%s)", c.Federation.WriteTimeout, c.Federation.SendWait)
 	}
 
 	if len(problems) == 0 {
@@ -578,8 +705,8 @@ func (c *Config) GeneratedTLS() bool {
 
 // Set sets one setting, named by its dotted YAML key (for example
 // "client_api.bcrypt_cost"), from its string form. It is meant for
-// command-line and environment overrides. Booleans use strconv.ParseBool and
-// durations the same syntax as the file. Set does not call Validate.
+// command-line and environment overrides. Booleans use strconv.ParseBool,
+// durations the same syntax as the file, and lists are comma-separated. Set does not call Validate.
 //
 // Keys are found by reflection over the yaml tags, so a new setting is
 // settable as soon as it is added to the structs.
@@ -617,7 +744,7 @@ func Keys() []string {
 			}
 			if ft := t.Field(i).Type; isSection(ft) {
 				walk(ft, prefix+name+".")
-			} else if ft.Kind() == reflect.Map || ft.Kind() == reflect.Slice {
+			} else if ft.Kind() == reflect.Map || (ft.Kind() == reflect.Slice && ft.Elem().Kind() != reflect.String) {
 				continue // structured settings live only in the file
 			} else {
 				keys = append(keys, prefix+name)
@@ -689,6 +816,18 @@ func setFromString(v reflect.Value, s string) error {
 	switch v.Kind() {
 	case reflect.String:
 		v.SetString(s)
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.String {
+			return fmt.Errorf("settings of type %s cannot be set from a string", v.Type())
+		}
+		// A comma-separated list; an empty value is the empty list.
+		list := []string{}
+		for _, e := range strings.Split(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				list = append(list, e)
+			}
+		}
+		v.Set(reflect.ValueOf(list))
 	case reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {
@@ -701,6 +840,12 @@ func setFromString(v reflect.Value, s string) error {
 			return fmt.Errorf("%q is not an integer in range", s)
 		}
 		v.SetInt(n)
+	case reflect.Float32, reflect.Float64:
+		f, err := strconv.ParseFloat(s, v.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("%q is not a number", s)
+		}
+		v.SetFloat(f)
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		n, err := strconv.ParseUint(s, 10, v.Type().Bits())
 		if err != nil {

@@ -256,6 +256,34 @@ func TestValidate(t *testing.T) {
 			modify:  func(c *Config) { c.ServerName = "[192.0.2.1]" },
 			wantErr: []string{`server_name "[192.0.2.1]"`},
 		},
+		{name: "allowlist", modify: func(c *Config) { c.Federation.IPRangeAllowlist = []string{"127.0.0.0/8", "::1"} }},
+		{
+			name: "bad IP ranges",
+			modify: func(c *Config) {
+				c.Federation.IPRangeDenylist = []string{"10.0.0.0/8", "10.0.0.0/40"}
+				c.Federation.IPRangeAllowlist = []string{"localhost"}
+			},
+			wantErr: []string{`federation.ip_range_denylist: not an IP address or CIDR range: "10.0.0.0/40"`,
+				`federation.ip_range_allowlist: not an IP address or CIDR range: "localhost"`},
+		},
+		{name: "no connection cap", modify: func(c *Config) { c.ClientAPI.MaxConnectionsPerAddress = 0 }},
+		{
+			name: "bad timeouts",
+			modify: func(c *Config) {
+				c.ClientAPI.ReadTimeout = 0
+				c.Federation.IdleTimeout = -1
+				c.Federation.MaxConnectionsPerAddress = -1
+				c.ClientAPI.TrustedProxies = []string{"proxy.local"}
+			},
+			wantErr: []string{"client_api.read_timeout must be positive, not 0s", "federation.idle_timeout must be positive",
+				"federation.max_connections_per_address must be 0 (off) or positive, not -1",
+				`client_api.trusted_proxies: not an IP address or CIDR range: "proxy.local"`},
+		},
+		{
+			name:    "federation write timeout within send_wait",
+			modify:  func(c *Config) { c.Federation.WriteTimeout = Duration(10 * time.Second) },
+			wantErr: []string{"federation.write_timeout (10s) must be longer than federation.send_wait (10s)"},
+		},
 		{
 			name:    "empty server name",
 			modify:  func(c *Config) { c.ServerName = "" },
@@ -363,6 +391,12 @@ func TestSet(t *testing.T) {
 		{key: "federation.sender_workers", value: "4", check: func(c *Config) bool { return c.Federation.SenderWorkers == 4 }},
 		{key: "federation.send_wait", value: "1m30s", check: func(c *Config) bool { return c.Federation.SendWait == Duration(90*time.Second) }},
 		{key: "client_api.sync_max_timeout", value: "2m", check: func(c *Config) bool { return c.ClientAPI.SyncMaxTimeout.Duration() == 2*time.Minute }},
+		{key: "federation.ip_range_allowlist", value: "127.0.0.0/8, ::1,", check: func(c *Config) bool {
+			return reflect.DeepEqual(c.Federation.IPRangeAllowlist, []string{"127.0.0.0/8", "::1"})
+		}},
+		{key: "federation.ip_range_denylist", value: "", check: func(c *Config) bool {
+			return c.Federation.IPRangeDenylist != nil && len(c.Federation.IPRangeDenylist) == 0
+		}},
 
 		{key: "federation.tls_insecure_skip_verify", value: "perhaps", wantErr: `federation.tls_insecure_skip_verify: "perhaps" is not a boolean`},
 		{key: "client_api.bcrypt_cost", value: "twelve", wantErr: `client_api.bcrypt_cost: "twelve" is not an integer`},
@@ -414,13 +448,22 @@ func TestKeys(t *testing.T) {
 		"client_api.rate_limit_per_second", "client_api.rate_limit_burst",
 		"federation.rate_limit_per_second", "federation.rate_limit_burst",
 		"keys.strict_validation",
+		"federation.ip_range_denylist", "federation.ip_range_allowlist",
+		"client_api.read_timeout", "client_api.write_timeout", "client_api.idle_timeout",
+		"client_api.max_connections_per_address", "client_api.trusted_proxies",
+		"federation.read_timeout", "federation.write_timeout", "federation.idle_timeout",
+		"federation.max_connections_per_address",
+		"client_api.login_rate_limit.per_second", "client_api.login_rate_limit.burst",
+		"client_api.registration_rate_limit.per_second", "client_api.registration_rate_limit.burst",
+		"client_api.failed_login_rate_limit.per_second", "client_api.failed_login_rate_limit.burst",
+		"client_api.bcrypt_concurrency",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 28 {
-		t.Errorf("Keys() has %d keys, want 28: %q", len(keys), keys)
+	if len(keys) != 46 {
+		t.Errorf("Keys() has %d keys, want 46: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.
@@ -527,5 +570,34 @@ func TestOldVerifyKeys(t *testing.T) {
 		if strings.Contains(k, "old_verify_keys") {
 			t.Errorf("structured setting %q offered as a flag", k)
 		}
+	}
+}
+
+func TestAccountRateLimitSettings(t *testing.T) {
+	c := Default()
+	if err := c.Set("client_api.login_rate_limit.per_second", "0.5"); err != nil {
+		t.Fatal(err)
+	}
+	if c.ClientAPI.LoginRateLimit.PerSecond != 0.5 {
+		t.Errorf("per_second %v, want 0.5", c.ClientAPI.LoginRateLimit.PerSecond)
+	}
+	if err := c.Set("client_api.login_rate_limit.per_second", "fast"); err == nil {
+		t.Error("a rate that is not a number was accepted")
+	}
+	c.ClientAPI.RegistrationRateLimit = RateLimit{PerSecond: -1, Burst: 1}
+	c.ClientAPI.FailedLoginRateLimit = RateLimit{PerSecond: 1, Burst: 0}
+	c.ClientAPI.BcryptConcurrency = -1
+	err := c.Validate()
+	for _, want := range []string{"client_api.registration_rate_limit.per_second", "client_api.failed_login_rate_limit.burst",
+		"client_api.bcrypt_concurrency"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want a problem with %s", err, want)
+		}
+	}
+	// 0 turns a limit off, whatever the burst.
+	c = Default()
+	c.ClientAPI.LoginRateLimit = RateLimit{}
+	if err := c.Validate(); err != nil {
+		t.Errorf("a limit turned off: %v", err)
 	}
 }

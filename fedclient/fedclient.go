@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -34,6 +35,9 @@ type Options struct {
 	PrivateKey ed25519.PrivateKey
 	// SkipVerify accepts any TLS certificate: for test set-ups only.
 	SkipVerify bool
+	// AddressPolicy says which IP addresses requests may connect to;
+	// nil denies every non-public address (DefaultAddressPolicy).
+	AddressPolicy *AddressPolicy
 	// Timeout bounds each request (default 30 s); callers' contexts may
 	// bound it further.
 	Timeout time.Duration
@@ -85,10 +89,13 @@ func New(o Options) *Client {
 	if o.Logger == nil {
 		o.Logger = logrus.StandardLogger()
 	}
+	if o.AddressPolicy == nil {
+		o.AddressPolicy = DefaultAddressPolicy()
+	}
 	return &Client{
 		opts: o,
-		http: fclient.NewClient(fclient.WithSkipVerify(o.SkipVerify), fclient.WithTimeout(o.Timeout),
-			fclient.WithWellKnownSRVLookups(true), fclient.WithKeepAlives(true), fclient.WithUserAgent("keyserver")),
+		http: fclient.NewClient(fclient.WithTransport(newTransport(o.AddressPolicy, o.SkipVerify)),
+			fclient.WithTimeout(o.Timeout), fclient.WithUserAgent("keyserver")),
 		dests: map[string]*destination{},
 	}
 }
@@ -125,6 +132,27 @@ func Status(err error) int {
 		return he.Status
 	}
 	return http.StatusServiceUnavailable
+}
+
+// PublicMessage describes a failure for clients in a few fixed words.
+// The error itself may carry addresses, ports and dial errors, which would
+// let a user map the network the server can reach, so it goes to the logs
+// only. A denied address reads like an unreachable server.
+func PublicMessage(err error) string {
+	var he *HTTPError
+	var be *BackoffError
+	switch {
+	case errors.As(err, &be):
+		return "Not ready for retry"
+	case errors.As(err, &he):
+		return "The server answered with an error"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "The server did not answer in time"
+	case errors.Is(err, ErrDeniedAddress), errors.As(err, new(net.Error)):
+		return "The server could not be reached"
+	default:
+		return "The request to the server failed"
+	}
 }
 
 // acquire takes a request slot for dest, or refuses while it backs off.

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/iprange"
 )
 
 // clock is a controllable time source.
@@ -38,6 +40,9 @@ func newTestClient(t *testing.T, h http.Handler, o Options) (*Client, string, *c
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	o.ServerName, o.KeyID, o.PrivateKey, o.SkipVerify, o.Now, o.Logger = "origin.test", "ed25519:k", priv, true, clk.Now, log
+	if o.AddressPolicy == nil { // the test server is on loopback
+		o.AddressPolicy = &AddressPolicy{Allow: iprange.MustParse([]string{"127.0.0.0/8"})}
+	}
 	return New(o), strings.TrimPrefix(srv.URL, "https://"), clk
 }
 
@@ -154,5 +159,20 @@ func TestRequestToItselfRefused(t *testing.T) {
 	c, _, _ := newTestClient(t, http.NotFoundHandler(), Options{})
 	if err := c.Do(context.Background(), "GET", "origin.test", "/x", nil, nil); err == nil {
 		t.Fatal("sent a request to ourselves")
+	}
+}
+
+// A server name without a port makes gomatrixserverlib fetch
+// https://NAME/.well-known/matrix/server with a client of its own: a name
+// that resolves to a denied address is refused before that happens.
+func TestDeniedNameRefusedBeforeWellKnown(t *testing.T) {
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	c := New(Options{ServerName: "origin.test", KeyID: "ed25519:k", PrivateKey: priv, Logger: logrus.New()})
+	err := c.Do(context.Background(), "GET", "localhost", "/_matrix/federation/v1/version", nil, nil)
+	if !errors.Is(err, ErrDeniedAddress) {
+		t.Fatalf("request to localhost: %v, want ErrDeniedAddress", err)
+	}
+	if msg := PublicMessage(err); msg != "The server could not be reached" {
+		t.Errorf("PublicMessage = %q", msg)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -112,7 +111,7 @@ func TestFailingServerBacksOff(t *testing.T) {
 		if f == nil {
 			t.Fatalf("query %d: no failure: %v", i, r)
 		}
-		if i > 0 && !strings.Contains(fmt.Sprint(f["message"]), "not retrying") {
+		if i > 0 && fmt.Sprint(f["message"]) != "Not ready for retry" {
 			t.Fatalf("query %d did not report the backoff: %v", i, f)
 		}
 	}

@@ -40,9 +40,12 @@ func (s *Service) remoteTimeout(ms *int64) time.Duration {
 	return min(time.Duration(*ms)*time.Millisecond, maxRemoteTimeout)
 }
 
-// failure is how a server's failure is reported to clients.
-func failure(err error) map[string]any {
-	return map[string]any{"status": fedclient.Status(err), "message": err.Error()}
+// failure is how a server's failure is reported to clients: a status and
+// a fixed message, never the error's own text, which may name addresses
+// and ports; that goes to the log.
+func (s *Service) failure(ctx context.Context, server string, err error) map[string]any {
+	s.logger(ctx).WithFields(logrus.Fields{"server": server, "error": err.Error()}).Debug("remote server failed")
+	return map[string]any{"status": fedclient.Status(err), "message": fedclient.PublicMessage(err)}
 }
 
 var errNoFederation = errors.New("federation is not configured")
@@ -72,7 +75,7 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 	for range remote {
 		r := <-results
 		if r.err != nil {
-			res.Failures[r.server] = failure(r.err)
+			res.Failures[r.server] = s.failure(ctx, r.server, r.err)
 		}
 		for userID, l := range r.lists {
 			want := remote[r.server][userID]
@@ -243,7 +246,7 @@ func (s *Service) claimRemote(ctx context.Context, remote map[string]map[string]
 	for range remote {
 		r := <-results
 		if r.err != nil {
-			res.Failures[r.server] = failure(r.err)
+			res.Failures[r.server] = s.failure(ctx, r.server, r.err)
 			continue
 		}
 		for userID, devices := range r.keys {

@@ -24,7 +24,9 @@ import (
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
+	"github.com/keyserver/keyserver/internal/connlimit"
 	"github.com/keyserver/keyserver/internal/identity"
+	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keyserver"
@@ -205,6 +207,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	fo := fedclient.Options{
 		ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
 		SkipVerify: cfg.Federation.TLSInsecureSkipVerify, Logger: log,
+		// Validate has parsed both lists.
+		AddressPolicy: &fedclient.AddressPolicy{
+			Deny:  iprange.MustParse(cfg.Federation.IPRangeDenylist),
+			Allow: iprange.MustParse(cfg.Federation.IPRangeAllowlist),
+		},
 	}
 	ko := keyserver.Options{
 		ServerName:                cfg.ServerName,
@@ -215,6 +222,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
 		LaxKeyValidation:          !cfg.Keys.StrictValidation,
 		SendWait:                  cfg.Federation.SendWait.Duration(),
+		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
+		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
 		Logger:                    log,
 	}
 	ko.Sender.Workers = cfg.Federation.SenderWorkers
@@ -229,9 +238,16 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			AdminToken:      cfg.AdminToken,
 			RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),
+			WriteTimeout:    cfg.ClientAPI.WriteTimeout.Duration(),
+			TrustedProxies:  iprange.MustParse(cfg.ClientAPI.TrustedProxies),
+			LoginLimit:      limiter(cfg.ClientAPI.LoginRateLimit),
+			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
 		}),
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
+		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),
+		WriteTimeout:      cfg.ClientAPI.WriteTimeout.Duration(),
+		IdleTimeout:       cfg.ClientAPI.IdleTimeout.Duration(),
 	}
 	d.federation = &http.Server{
 		Handler: federationapi.NewHandler(d.ks, federationapi.Options{
@@ -246,7 +262,10 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Logger:          log,
 		}),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: cfg.Federation.ReadTimeout.Duration(),
+		ReadTimeout:       cfg.Federation.ReadTimeout.Duration(),
+		WriteTimeout:      cfg.Federation.WriteTimeout.Duration(),
+		IdleTimeout:       cfg.Federation.IdleTimeout.Duration(),
 	}
 	if so.fedMiddleware != nil {
 		d.federation.Handler = so.fedMiddleware(d.federation.Handler)
@@ -265,6 +284,12 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			return nil, fmt.Errorf("federation listener: %w", err)
 		}
 	}
+	// Reverse proxies carry many clients' connections: they are not capped.
+	proxies := iprange.MustParse(cfg.ClientAPI.TrustedProxies)
+	d.clientLn = connlimit.Wrap(d.clientLn, connlimit.Options{
+		Name: "client", Max: cfg.ClientAPI.MaxConnectionsPerAddress, Exempt: proxies, Logger: log})
+	d.fedLn = connlimit.Wrap(d.fedLn, connlimit.Options{
+		Name: "federation", Max: cfg.Federation.MaxConnectionsPerAddress, Exempt: proxies, Logger: log})
 	var workers context.Context
 	workers, d.stopWorkers = context.WithCancel(context.Background())
 	d.workersDone = make(chan struct{})
@@ -287,6 +312,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		"database":    store.Dialect(),
 	}).Info("keyserver started")
 	return d, nil
+}
+
+// limiter makes the limiter a rate-limit setting describes.
+func limiter(rl config.RateLimit) *ratelimit.Limiter {
+	return ratelimit.New(rl.PerSecond, rl.Burst, nil)
 }
 
 func oldVerifyKeys(cfg *config.Config) map[string]federationapi.OldVerifyKey {
