@@ -253,6 +253,9 @@ func (s *Sender) WakeAll(ctx context.Context) {
 // It only updates the sender's bookkeeping, so a request path may call it.
 func (s *Sender) DestinationAlive(dest string) { s.wake(dest, true) }
 
+// Workers is the size of the pool.
+func (s *Sender) Workers() int { return s.o.Workers }
+
 // Busy counts the destinations with work here: waiting for a worker, being
 // sent to, or waiting to retry (for tests and metrics).
 func (s *Sender) Busy() int {

@@ -215,3 +215,23 @@ func TestSQLiteFilesInExistingDataDir(t *testing.T) {
 		}
 	}
 }
+
+// federation.sender_workers sizes the pool of the device-list sender.
+func TestSenderWorkersFromConfig(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		cfg := testConfig(t, db)
+		cfg.Federation.SenderWorkers = 3
+		d, err := daemon.Start(context.Background(), cfg, quietLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := d.Shutdown(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+		if n := d.Service().Sender().Workers(); n != 3 {
+			t.Fatalf("sender pool of %d workers, want 3", n)
+		}
+	})
+}
