@@ -46,14 +46,14 @@ func (s *Service) ChangePassword(ctx context.Context, c Caller, r ChangePassword
 	if err != nil {
 		return err
 	}
-	pos, err := s.db.ChangePassword(ctx, c.UserID, string(hash), c.DeviceID, logout)
+	ch, err := s.db.ChangePassword(ctx, c.UserID, string(hash), c.DeviceID, logout)
 	if errors.Is(err, storage.ErrNotFound) {
 		return mxerr.Forbidden("the account has been deactivated")
 	}
 	if err != nil {
 		return err
 	}
-	s.localChange(pos)
+	s.localChange(ch)
 	s.logger(ctx).WithField("user_id", c.UserID).WithField("logout_devices", logout).Info("password changed")
 	return nil
 }
@@ -79,7 +79,7 @@ func (s *Service) Deactivate(ctx context.Context, c Caller, r DeactivateRequest)
 	if err := s.userInteractive(ctx, stagePassword, req, r.Auth, s.passwordStage(ctx, c)); err != nil {
 		return err
 	}
-	pos, err := s.db.DeactivateAccount(ctx, c.UserID, s.nowMS())
+	ch, err := s.db.DeactivateAccount(ctx, c.UserID, s.nowMS())
 	if errors.Is(err, storage.ErrNotFound) {
 		return mxerr.Forbidden("the account has been deactivated")
 	}
@@ -88,7 +88,7 @@ func (s *Service) Deactivate(ctx context.Context, c Caller, r DeactivateRequest)
 	}
 	// The deletions are queued for the servers sharing a room with the
 	// user now; only then does the user leave the rooms.
-	s.localChange(pos)
+	s.localChange(ch)
 	log := s.logger(ctx).WithField("user_id", c.UserID)
 	log.Info("account deactivated")
 	rooms, err := s.db.JoinedRooms(ctx, c.UserID)

@@ -161,7 +161,7 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 		if err != nil {
 			return LoginResponse{}, err
 		}
-		s.localChange(res.Pos)
+		s.localChange(res.Change)
 		s.logger(ctx).WithField("user_id", userID).Info("account registered")
 		out := LoginResponse{UserID: userID}
 		if login != nil {
@@ -247,7 +247,7 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	if err != nil {
 		return LoginResponse{}, err
 	}
-	s.localChange(res.Pos)
+	s.localChange(res.Change)
 	return LoginResponse{UserID: userID, AccessToken: token, DeviceID: l.DeviceID}, nil
 }
 
@@ -311,15 +311,15 @@ func errDeactivated() *mxerr.Error {
 
 // Logout deletes the caller's device (and so its token and keys).
 func (s *Service) Logout(ctx context.Context, c Caller) error {
-	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, []string{c.DeviceID})
-	s.localChange(pos)
+	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, []string{c.DeviceID})
+	s.localChange(ch)
 	return err
 }
 
 // LogoutAll deletes every device of the caller.
 func (s *Service) LogoutAll(ctx context.Context, c Caller) error {
-	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, nil)
-	s.localChange(pos)
+	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, nil)
+	s.localChange(ch)
 	return err
 }
 

@@ -178,7 +178,7 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 	if err != nil {
 		return err
 	}
-	s.streamAdvanced(res.Pos)
+	s.streamAdvanced(res.Change)
 	if len(res.NewlyStale) > 0 && s.updater != nil {
 		s.updater.Wake()
 	}

@@ -63,11 +63,11 @@ func (s *Service) RenameDevice(ctx context.Context, c Caller, deviceID string, n
 		_, err := s.Device(ctx, c, deviceID)
 		return err
 	}
-	pos, err := s.db.SetDeviceDisplayName(ctx, c.UserID, deviceID, *name)
+	ch, err := s.db.SetDeviceDisplayName(ctx, c.UserID, deviceID, *name)
 	if errors.Is(err, storage.ErrNotFound) {
 		return mxerr.NotFound("unknown device")
 	}
-	s.localChange(pos)
+	s.localChange(ch)
 	return err
 }
 
@@ -94,7 +94,7 @@ func (s *Service) deleteDevices(ctx context.Context, c Caller, deviceIDs []strin
 	if err := s.userInteractive(ctx, stagePassword, req, auth, s.passwordStage(ctx, c)); err != nil {
 		return err
 	}
-	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, deviceIDs)
-	s.localChange(pos)
+	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, deviceIDs)
+	s.localChange(ch)
 	return err
 }

@@ -135,7 +135,7 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 	if err != nil {
 		return "", err
 	}
-	s.streamAdvanced(res.Pos)
+	s.streamAdvanced(res.Change)
 	if res.Outcome == storage.NeedResync {
 		log.WithFields(logrus.Fields{"user_id": c.UserID, "device_id": c.DeviceID, "stream_id": *c.StreamID, "prev_id": c.PrevID}).
 			Debug("m.device_list_update does not follow the cached list; resyncing the user")

@@ -91,7 +91,7 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 		if err != nil {
 			return UploadResponse{}, err
 		}
-		s.localChange(res.Pos)
+		s.localChange(res.Change)
 		metrics.OneTimeKeysUploaded.Add(float64(res.Stored))
 		return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
 	}

@@ -170,13 +170,13 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 			Warn("rejected a remote device list")
 		return nil, err
 	}
-	pos, err := s.db.ReplaceRemoteDeviceList(ctx, *list, server)
+	ch, err := s.db.ReplaceRemoteDeviceList(ctx, *list, server)
 	if err != nil {
 		metrics.Resyncs.WithLabelValues("failed").Inc()
 		return nil, err
 	}
 	metrics.Resyncs.WithLabelValues("succeeded").Inc()
-	s.streamAdvanced(pos)
+	s.streamAdvanced(ch)
 	return list, nil
 }
 

@@ -178,18 +178,20 @@ func (s *Service) Close() { s.notifier.Close() }
 func (s *Service) WaitingSyncs() int { return s.notifier.Waiting() }
 
 // localChange follows a committed change of a local user's device list:
-// waiters are told, and the updates queued for other servers are sent.
-func (s *Service) localChange(pos storage.StreamPos) {
-	s.streamAdvanced(pos)
-	if pos > 0 && s.sender != nil {
+// the waiters it concerns are told, and the updates queued for other
+// servers are sent.
+func (s *Service) localChange(ch storage.Change) {
+	s.streamAdvanced(ch)
+	if ch.Pos > 0 && s.sender != nil {
 		s.sender.Poke()
 	}
 }
 
-// streamAdvanced tells waiters about a committed change at pos (0: none).
-func (s *Service) streamAdvanced(pos storage.StreamPos) {
-	if pos > 0 {
-		s.notifier.StreamAdvanced()
+// streamAdvanced tells the waiters a committed change concerns about it
+// (Pos 0: nothing changed).
+func (s *Service) streamAdvanced(ch storage.Change) {
+	if ch.Pos > 0 {
+		s.notifier.StreamAdvanced(ch.Users)
 	}
 }
 

@@ -25,7 +25,7 @@ func TestStaleDeviceCacheIsNotTrusted(t *testing.T) {
 		defer cancel()
 		open := func() (*sqlstore.Store, *keyserver.Service) {
 			st, svc := openService(ctx, t, tdb.URI)
-			go func() { _ = st.WatchStream(ctx, func() {}) }() // caches on for PostgreSQL too
+			go func() { _ = st.WatchStream(ctx, func([]string) {}) }() // caches on for PostgreSQL too
 			return st, svc
 		}
 		storeA, svcA := open()

@@ -30,6 +30,15 @@ var (
 // built from them.
 type StreamPos int64
 
+// Change is what a write did to the stream: the position of its last
+// change (0 when it changed nothing) and the local users it concerns,
+// whose /keys/changes or /sync device_lists it may enter (a superset; no
+// one else's). Waiting /sync requests of other users need not look.
+type Change struct {
+	Pos   StreamPos
+	Users []string
+}
+
 // Device is one of a local user's devices.
 type Device struct {
 	UserID      string
@@ -56,7 +65,7 @@ type NewLogin struct {
 // LoginResult tells what a login did.
 type LoginResult struct {
 	DeviceCreated bool
-	Pos           StreamPos // position of the device-list change, 0 if none
+	Change        // the device-list change, Pos 0 if none
 }
 
 // UIASession is a user-interactive auth session and the request it was
@@ -108,7 +117,7 @@ type KeyWrite struct {
 // UploadResult is the state after an upload.
 type UploadResult struct {
 	Counts map[string]int // unclaimed one-time keys per algorithm
-	Pos    StreamPos      // device-list change position, 0 if none
+	Change                // the device-list change, Pos 0 if none
 	Stored int            // one-time keys this upload stored
 }
 
@@ -163,7 +172,7 @@ type RemoteDeviceList struct {
 
 // MembershipResult tells what a membership change did.
 type MembershipResult struct {
-	Pos        StreamPos
+	Change
 	NewlyStale []StaleUser
 }
 
@@ -192,7 +201,7 @@ const (
 // it made for local clients (0 when none).
 type ApplyResult struct {
 	Outcome ApplyOutcome
-	Pos     StreamPos
+	Change
 }
 
 // StaleUser is a remote user waiting for a resync.
@@ -227,13 +236,13 @@ type Database interface {
 	PasswordHash(ctx context.Context, userID string) (string, error)
 	// ChangePassword sets the user's password hash and, with logoutOthers,
 	// deletes every device but keepDevice (as DeleteDevices does), in one
-	// transaction. It returns the position of the last device-list change.
-	ChangePassword(ctx context.Context, userID, passwordHash, keepDevice string, logoutOthers bool) (StreamPos, error)
+	// transaction. It returns the device-list change.
+	ChangePassword(ctx context.Context, userID, passwordHash, keepDevice string, logoutOthers bool) (Change, error)
 	// DeactivateAccount deletes everything of the user (devices, tokens,
 	// keys, sessions) and marks the account deactivated, with an empty
 	// password hash so that its ID stays taken, in one transaction. It
-	// returns the position of the last device-list change.
-	DeactivateAccount(ctx context.Context, userID string, now int64) (StreamPos, error)
+	// returns the device-list change.
+	DeactivateAccount(ctx context.Context, userID string, now int64) (Change, error)
 	// JoinedRooms lists the rooms the user is joined to.
 	JoinedRooms(ctx context.Context, userID string) ([]string, error)
 
@@ -254,11 +263,11 @@ type Database interface {
 	TokenOwner(ctx context.Context, tokenHash string) (userID, deviceID string, err error)
 	Devices(ctx context.Context, userID string) ([]Device, error)
 	Device(ctx context.Context, userID, deviceID string) (Device, error)
-	SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (StreamPos, error)
+	SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (Change, error)
 	// DeleteDevices deletes the named devices (all of the user's when
 	// deviceIDs is nil) with their tokens and keys, and returns the IDs that
-	// existed and the position of the last change (0 when none existed).
-	DeleteDevices(ctx context.Context, userID string, deviceIDs []string) ([]string, StreamPos, error)
+	// existed and the change (Pos 0 when none existed).
+	DeleteDevices(ctx context.Context, userID string, deviceIDs []string) ([]string, Change, error)
 
 	// Keys.
 	UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
@@ -291,8 +300,8 @@ type Database interface {
 	RemoteDeviceLists(ctx context.Context, userIDs []string) (map[string]*RemoteDeviceList, error)
 	// ReplaceRemoteDeviceList stores a freshly fetched list and clears the
 	// user's stale mark. A list that differs from the cached one is a
-	// device-list change (returned position); an identical one is not.
-	ReplaceRemoteDeviceList(ctx context.Context, list RemoteDeviceList, serverName string) (StreamPos, error)
+	// device-list change (returned); an identical one is not.
+	ReplaceRemoteDeviceList(ctx context.Context, list RemoteDeviceList, serverName string) (Change, error)
 	MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) error
 	// ApplyRemoteDeviceUpdate applies one m.device_list_update, or says the
 	// user must be resynced because its prev_id names an unseen update.
@@ -332,7 +341,11 @@ type Database interface {
 	// also hears the other daemons' token revocations and device changes,
 	// which is what lets a shared database's token lookups and device
 	// lists be cached.
-	WatchStream(ctx context.Context, advanced func()) error
+	//
+	// advanced receives the local users the advance concerns, as the write
+	// returned them, or nil when it may concern anyone (a notification
+	// was lost, or it named too many users).
+	WatchStream(ctx context.Context, advanced func(users []string)) error
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error
 	Close() error

@@ -11,14 +11,15 @@ import (
 )
 
 // Notifier wakes long-polling /sync requests. Two kinds of event matter: the
-// stream advanced (a device list or membership changed: every waiter checks
-// whether the change concerns it), and a user's own key counts changed (one
-// of their one-time or fallback keys was claimed: only that user's waiters
-// wake). Only users with a waiting request have an entry, so memory follows
-// the number of open requests, not the number of users ever seen.
+// stream advanced (a device list or membership changed: the waiters of the
+// users the change concerns check what it brings them), and a user's own
+// key counts changed (one of their one-time or fallback keys was claimed).
+// Either wakes only the waiters of the users named, so a change costs work
+// in proportion to the users it concerns, not to every waiting request.
+// Only users with a waiting request have an entry, so memory follows the
+// number of open requests, not the number of users ever seen.
 type Notifier struct {
 	mu      sync.Mutex
-	stream  chan struct{} // closed and replaced when the stream advances
 	users   map[string]map[*Subscription]struct{}
 	closing chan struct{}
 	closed  bool
@@ -27,7 +28,6 @@ type Notifier struct {
 // New makes a notifier.
 func New() *Notifier {
 	return &Notifier{
-		stream:  make(chan struct{}),
 		users:   map[string]map[*Subscription]struct{}{},
 		closing: make(chan struct{}),
 	}
@@ -37,13 +37,14 @@ func New() *Notifier {
 type Subscription struct {
 	n      *Notifier
 	userID string
+	stream chan struct{}
 	user   chan struct{}
 }
 
 // Subscribe starts listening for events concerning userID. Subscribe before
 // reading the state to wait on, so that no event can fall in between.
 func (n *Notifier) Subscribe(userID string) *Subscription {
-	s := &Subscription{n: n, userID: userID, user: make(chan struct{}, 1)}
+	s := &Subscription{n: n, userID: userID, stream: make(chan struct{}, 1), user: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	m := n.users[userID]
@@ -55,12 +56,11 @@ func (n *Notifier) Subscribe(userID string) *Subscription {
 	return s
 }
 
-// Stream returns a channel closed at the next stream advance.
-func (s *Subscription) Stream() <-chan struct{} {
-	s.n.mu.Lock()
-	defer s.n.mu.Unlock()
-	return s.n.stream
-}
+// Stream returns the channel that receives when the stream advanced in a
+// way that may concern the user. Advances merge while one is pending, and
+// one that came before the state was read may still be pending: the
+// waiter then reads again and finds nothing new, which is harmless.
+func (s *Subscription) Stream() <-chan struct{} { return s.stream }
 
 // User returns the channel that receives when the user's key counts change.
 func (s *Subscription) User() <-chan struct{} { return s.user }
@@ -80,12 +80,34 @@ func (s *Subscription) Close() {
 	}
 }
 
-// StreamAdvanced wakes every waiter to re-check the stream.
-func (n *Notifier) StreamAdvanced() {
+// StreamAdvanced wakes the waiters of the given users to re-check the
+// stream; nil wakes every waiter (the change may concern anyone).
+func (n *Notifier) StreamAdvanced(userIDs []string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	close(n.stream)
-	n.stream = make(chan struct{})
+	if userIDs == nil {
+		for _, subs := range n.users {
+			signal(subs, (*Subscription).streamChan)
+		}
+		return
+	}
+	for _, u := range userIDs {
+		signal(n.users[u], (*Subscription).streamChan)
+	}
+}
+
+func (s *Subscription) streamChan() chan struct{} { return s.stream }
+func (s *Subscription) userChan() chan struct{}   { return s.user }
+
+// signal sends on the chosen channel of each subscription, unless a send
+// is already pending there.
+func signal(subs map[*Subscription]struct{}, ch func(*Subscription) chan struct{}) {
+	for s := range subs {
+		select {
+		case ch(s) <- struct{}{}:
+		default: // already woken
+		}
+	}
 }
 
 // UserKeysChanged wakes the waiters of the given users.
@@ -93,12 +115,7 @@ func (n *Notifier) UserKeysChanged(userIDs ...string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, u := range userIDs {
-		for s := range n.users[u] {
-			select {
-			case s.user <- struct{}{}:
-			default: // already woken
-			}
-		}
+		signal(n.users[u], (*Subscription).userChan)
 	}
 }
 
@@ -120,9 +137,10 @@ func (n *Notifier) Waiting() int {
 }
 
 // StreamWatcher reports every advance of the stream, also those made by
-// other daemons sharing the database.
+// other daemons sharing the database, with the local users it concerns
+// (nil: anyone).
 type StreamWatcher interface {
-	WatchStream(ctx context.Context, advanced func()) error
+	WatchStream(ctx context.Context, advanced func(users []string)) error
 }
 
 // Watch wakes the waiters at every advance w reports until ctx ends,

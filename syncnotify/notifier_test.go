@@ -20,29 +20,42 @@ func fired(ch <-chan struct{}) bool {
 	}
 }
 
-// A stream advance wakes every waiter; a change of key counts wakes only
-// the user's; shutdown releases all; only users with an open subscription
-// are kept.
+// A stream advance wakes the waiters of the users it names (nil: all); a
+// change of key counts wakes only the user's; shutdown releases all; only
+// users with an open subscription are kept.
 func TestNotifierWakes(t *testing.T) {
 	n := New()
 	a1, a2, b := n.Subscribe("@a:x"), n.Subscribe("@a:x"), n.Subscribe("@b:x")
 	if w := n.Waiting(); w != 2 {
 		t.Fatalf("%d users waiting, want 2", w)
 	}
-	streamA, streamB := a1.Stream(), b.Stream()
 	n.UserKeysChanged("@a:x", "@nobody:x")
 	if !fired(a1.User()) || !fired(a2.User()) || fired(b.User()) {
 		t.Fatal("key counts woke the wrong waiters")
 	}
-	if fired(streamA) {
+	if fired(a1.Stream()) {
 		t.Fatal("key counts advanced the stream")
 	}
-	n.StreamAdvanced()
-	if !fired(streamA) || !fired(streamB) {
-		t.Fatal("a stream advance did not wake every waiter")
+	n.StreamAdvanced([]string{"@b:x", "@nobody:x"})
+	if fired(a1.Stream()) || fired(a2.Stream()) || !fired(b.Stream()) {
+		t.Fatal("a change concerning @b:x woke the wrong waiters")
 	}
-	if fired(a1.Stream()) {
-		t.Fatal("the next advance's channel is already closed")
+	n.StreamAdvanced([]string{})
+	if fired(a1.Stream()) || fired(b.Stream()) {
+		t.Fatal("a change concerning nobody woke a waiter")
+	}
+	// Advances merge while one is pending.
+	n.StreamAdvanced([]string{"@a:x"})
+	n.StreamAdvanced([]string{"@a:x"})
+	if !fired(a1.Stream()) || fired(a1.Stream()) {
+		t.Fatal("two pending advances did not merge into one wake-up")
+	}
+	if !fired(a2.Stream()) {
+		t.Fatal("the second waiter of @a:x was not woken")
+	}
+	n.StreamAdvanced(nil)
+	if !fired(a1.Stream()) || !fired(a2.Stream()) || !fired(b.Stream()) {
+		t.Fatal("an advance concerning anyone did not wake every waiter")
 	}
 	a1.Close()
 	a2.Close()
@@ -61,9 +74,9 @@ type watcher struct {
 	fail  error
 }
 
-func (w *watcher) WatchStream(ctx context.Context, advanced func()) error {
+func (w *watcher) WatchStream(ctx context.Context, advanced func(users []string)) error {
 	w.calls.Add(1)
-	advanced()
+	advanced([]string{"@a:x"})
 	if w.fail != nil {
 		return w.fail
 	}
@@ -75,6 +88,7 @@ func (w *watcher) WatchStream(ctx context.Context, advanced func()) error {
 func TestWatch(t *testing.T) {
 	n := New()
 	sub := n.Subscribe("@a:x")
+	other := n.Subscribe("@b:x")
 	stream := sub.Stream()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{}
@@ -83,12 +97,15 @@ func TestWatch(t *testing.T) {
 	log.SetOutput(io.Discard)
 	go func() { defer close(done); n.Watch(ctx, w, log) }()
 	select {
-	case <-stream: // closed by the watcher's advance
+	case <-stream: // the watcher's advance
 	case <-time.After(10 * time.Second):
 		t.Fatal("the watcher's advance woke nobody")
 	}
 	cancel()
 	<-done
+	if fired(other.Stream()) {
+		t.Fatal("the advance woke a user it does not concern")
+	}
 	if c := w.calls.Load(); c != 1 {
 		t.Fatalf("%d watches, want 1", c)
 	}

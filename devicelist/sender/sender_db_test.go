@@ -98,7 +98,7 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return pos
+		return pos.Pos
 	}
 	d1 := login("D1") // not queued: nobody remote shares a room yet
 	for _, u := range []string{alice, "@bob:remote.test"} {

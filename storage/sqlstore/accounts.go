@@ -11,7 +11,7 @@ import (
 func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, login *storage.NewLogin) (_ storage.LoginResult, err error) {
 	defer named("CreateAccount", &err)
 	var res storage.LoginResult
-	err = s.write(ctx, func(tx *txn) error {
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		var ts int64
 		if login != nil {
 			ts = login.TS
@@ -31,6 +31,7 @@ func (s *Store) CreateAccount(ctx context.Context, userID, passwordHash string, 
 		res, err = s.login(ctx, tx, *login)
 		return err
 	})
+	res.Change = ch
 	return res, err
 }
 
@@ -58,11 +59,9 @@ func (s *Store) PasswordHash(ctx context.Context, userID string) (_ string, err 
 
 // ChangePassword sets a password and, with logoutOthers, logs out every
 // device but keepDevice.
-func (s *Store) ChangePassword(ctx context.Context, userID, passwordHash, keepDevice string, logoutOthers bool) (_ storage.StreamPos, err error) {
+func (s *Store) ChangePassword(ctx context.Context, userID, passwordHash, keepDevice string, logoutOthers bool) (_ storage.Change, err error) {
 	defer named("ChangePassword", &err)
-	var pos storage.StreamPos
-	err = s.write(ctx, func(tx *txn) error {
-		pos = 0
+	return s.writeChange(ctx, func(tx *txn) error {
 		r, err := tx.ExecContext(ctx, `UPDATE accounts SET password_hash = $1 WHERE user_id = $2 AND deactivated_ts = 0`,
 			passwordHash, userID)
 		if err != nil {
@@ -78,18 +77,16 @@ func (s *Store) ChangePassword(ctx context.Context, userID, passwordHash, keepDe
 		if err != nil || len(others) == 0 {
 			return err
 		}
-		_, pos, err = s.deleteDevices(ctx, tx, userID, others)
+		_, _, err = s.deleteDevices(ctx, tx, userID, others)
 		return err
 	})
-	return pos, err
 }
 
 // DeactivateAccount deletes everything of a user and keeps the account row,
 // marked deactivated, so that the user ID is never registered again.
-func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64) (_ storage.StreamPos, err error) {
+func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64) (_ storage.Change, err error) {
 	defer named("DeactivateAccount", &err)
-	var pos storage.StreamPos
-	err = s.write(ctx, func(tx *txn) error {
+	return s.writeChange(ctx, func(tx *txn) error {
 		r, err := tx.ExecContext(ctx,
 			`UPDATE accounts SET password_hash = '', deactivated_ts = $1 WHERE user_id = $2 AND deactivated_ts = 0`,
 			max(now, 1), userID)
@@ -101,7 +98,7 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 		}
 		// Every device with its tokens and keys, each deletion queued for
 		// the servers sharing a room with the user.
-		if _, pos, err = s.deleteDevices(ctx, tx, userID, nil); err != nil {
+		if _, _, err = s.deleteDevices(ctx, tx, userID, nil); err != nil {
 			return err
 		}
 		// A token always has its device; still, none may outlive the account.
@@ -116,7 +113,6 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 		_, err = tx.ExecContext(ctx, `DELETE FROM uia_sessions WHERE user_id = $1`, userID)
 		return err
 	})
-	return pos, err
 }
 
 // JoinedRooms lists the rooms a user is joined to.

@@ -23,8 +23,8 @@ func TestDeactivatedAccount(t *testing.T) {
 			t.Fatal(err)
 		}
 		pos, err := s.DeactivateAccount(ctx, alice, 5)
-		if err != nil || pos == 0 {
-			t.Fatalf("DeactivateAccount = %d, %v; want a device-list change", pos, err)
+		if err != nil || pos.Pos == 0 {
+			t.Fatalf("DeactivateAccount = %d, %v; want a device-list change", pos.Pos, err)
 		}
 		if _, err := s.PasswordHash(ctx, alice); !errors.Is(err, storage.ErrDeactivated) {
 			t.Errorf("PasswordHash: %v, want ErrDeactivated", err)

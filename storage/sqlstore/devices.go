@@ -14,7 +14,7 @@ import (
 func (s *Store) Login(ctx context.Context, login storage.NewLogin) (_ storage.LoginResult, err error) {
 	defer named("Login", &err)
 	var res storage.LoginResult
-	err = s.write(ctx, func(tx *txn) error {
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		// The lock orders this login with a deactivation (which updates
 		// the row first): a login checked just before it cannot leave a
 		// device behind on the closed account.
@@ -30,6 +30,7 @@ func (s *Store) Login(ctx context.Context, login storage.NewLogin) (_ storage.Lo
 		res, err = s.login(ctx, tx, login)
 		return err
 	})
+	res.Change = ch
 	return res, err
 }
 
@@ -175,10 +176,9 @@ func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) (_ []stor
 
 // SetDeviceDisplayName renames a device. Renaming to the current name
 // changes nothing and returns position 0.
-func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (_ storage.StreamPos, err error) {
+func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name string) (_ storage.Change, err error) {
 	defer named("SetDeviceDisplayName", &err)
-	var pos storage.StreamPos
-	err = s.write(ctx, func(tx *txn) error {
+	return s.writeChange(ctx, func(tx *txn) error {
 		var old sql.NullString
 		err := tx.QueryRowContext(ctx, `SELECT display_name FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
 			userID, deviceID).Scan(&old)
@@ -192,30 +192,26 @@ func (s *Store) SetDeviceDisplayName(ctx context.Context, userID, deviceID, name
 			name, userID, deviceID); err != nil {
 			return err
 		}
-		pos, err = s.recordLocalChange(ctx, tx, userID, deviceID, false)
+		_, err = s.recordLocalChange(ctx, tx, userID, deviceID, false)
 		return err
 	})
-	return pos, err
 }
 
 // DeleteDevices deletes devices with everything that belongs to them: access
 // tokens, identity keys, one-time and fallback keys. Each deleted device is
 // a device-list change.
-func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []string) (_ []string, _ storage.StreamPos, err error) {
+func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []string) (_ []string, _ storage.Change, err error) {
 	defer named("DeleteDevices", &err)
-	var (
-		deleted []string
-		pos     storage.StreamPos
-	)
+	var deleted []string
 	if deviceIDs != nil && len(deviceIDs) == 0 {
-		return nil, 0, nil
+		return nil, storage.Change{}, nil
 	}
-	err = s.write(ctx, func(tx *txn) error {
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		var err error
-		deleted, pos, err = s.deleteDevices(ctx, tx, userID, deviceIDs)
+		deleted, _, err = s.deleteDevices(ctx, tx, userID, deviceIDs)
 		return err
 	})
-	return deleted, pos, err
+	return deleted, ch, err
 }
 
 // deleteDevices is DeleteDevices in the caller's transaction.

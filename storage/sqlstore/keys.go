@@ -45,7 +45,7 @@ var errNotAllNew = errors.New("an uploaded one-time key may be stored already")
 func (s *Store) uploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
 	decide func(storage.KeyState) (storage.KeyWrite, error), assumeNew bool) (storage.UploadResult, error) {
 	var res storage.UploadResult
-	err := s.write(ctx, func(tx *txn) error {
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.UploadResult{}
 		state, err := s.keyState(ctx, tx, userID, deviceID, oneTimeKeyIDs)
 		if err != nil {
@@ -91,6 +91,7 @@ func (s *Store) uploadKeys(ctx context.Context, userID, deviceID string, oneTime
 		}
 		return nil
 	})
+	res.Change = ch
 	return res, err
 }
 

@@ -3,8 +3,11 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"sort"
 	"sync"
 	"sync/atomic"
+
+	"github.com/keyserver/keyserver/storage"
 )
 
 // maxPrepared bounds how many distinct SQL texts are kept prepared, and
@@ -165,6 +168,35 @@ type txn struct {
 	afterCommit []func()
 	// missed are the statements run unprepared (see stmt).
 	missed []missedStmt
+	// pos is the last stream position the transaction took (0: none);
+	// concerned are the local users its changes concern, and lookedUp the
+	// users whose room-mates are in it already (see storage.Change).
+	pos       storage.StreamPos
+	concerned map[string]struct{}
+	lookedUp  map[string]bool
+}
+
+// concern adds local users the transaction's changes concern.
+func (t *txn) concern(users ...string) {
+	if t.concerned == nil {
+		t.concerned = map[string]struct{}{}
+	}
+	for _, u := range users {
+		t.concerned[u] = struct{}{}
+	}
+}
+
+// change is what the transaction did to the stream so far.
+func (t *txn) change() storage.Change {
+	if t.pos == 0 {
+		return storage.Change{}
+	}
+	users := make([]string, 0, len(t.concerned))
+	for u := range t.concerned {
+		users = append(users, u)
+	}
+	sort.Strings(users)
+	return storage.Change{Pos: t.pos, Users: users}
 }
 
 // onCommit registers f to run after the transaction commits.

@@ -151,11 +151,9 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (_ map[
 }
 
 // ReplaceRemoteDeviceList stores a fetched list in place of the cached one.
-func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.RemoteDeviceList, serverName string) (_ storage.StreamPos, err error) {
+func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.RemoteDeviceList, serverName string) (_ storage.Change, err error) {
 	defer named("ReplaceRemoteDeviceList", &err)
-	var pos storage.StreamPos
-	err = s.write(ctx, func(tx *txn) error {
-		pos = 0
+	return s.writeChange(ctx, func(tx *txn) error {
 		var known int
 		var current int64
 		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, list.UserID).Scan(&current)
@@ -239,18 +237,17 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 			return nil
 		}
 		for _, id := range changed {
-			if pos, err = s.recordDeviceChange(ctx, tx, list.UserID, id, false); err != nil {
+			if _, err = s.recordRemoteChange(ctx, tx, list.UserID, id, false); err != nil {
 				return err
 			}
 		}
 		for _, id := range gone {
-			if pos, err = s.recordDeviceChange(ctx, tx, list.UserID, id, true); err != nil {
+			if _, err = s.recordRemoteChange(ctx, tx, list.UserID, id, true); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	return pos, err
 }
 
 func sameDevice(a, b storage.RemoteDevice) bool {
@@ -308,7 +305,7 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 	defer named("ApplyRemoteDeviceUpdate", &err)
 	var res storage.ApplyResult
 	serverName := u.UserID[strings.IndexByte(u.UserID, ':')+1:]
-	err = s.write(ctx, func(tx *txn) error {
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.ApplyResult{}
 		var current int64
 		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, u.UserID).Scan(&current)
@@ -391,8 +388,9 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 		if !changed {
 			return nil
 		}
-		res.Pos, err = s.recordDeviceChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
+		_, err = s.recordRemoteChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
 		return err
 	})
+	res.Change = ch
 	return res, err
 }

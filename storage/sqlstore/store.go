@@ -213,11 +213,17 @@ func (s *Store) writeStatements(ctx context.Context, fn func(q pool) error) erro
 
 // write runs fn in one transaction, committing when it returns nil.
 func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
+	_, err := s.writeChange(ctx, fn)
+	return err
+}
+
+// writeChange is write, returning what the transaction did to the stream.
+func (s *Store) writeChange(ctx context.Context, fn func(tx *txn) error) (storage.Change, error) {
 	defer s.writeTurn()()
 	s.wstmts.sent.Add(2) // BEGIN and COMMIT (or ROLLBACK)
 	tx, err := s.wdb.BeginTx(s.wstmts.statementContext(ctx), nil)
 	if err != nil {
-		return err
+		return storage.Change{}, err
 	}
 	t := &txn{tx: tx, cache: s.wstmts}
 	defer func() {
@@ -228,34 +234,68 @@ func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 		t.prepareMissed(context.WithoutCancel(ctx))
 	}()
 	if err := fn(t); err != nil {
-		return err
+		return storage.Change{}, err
+	}
+	if err := s.notifyStream(ctx, t); err != nil {
+		return storage.Change{}, err
 	}
 	if err := tx.Commit(); err != nil {
-		return err
+		return storage.Change{}, err
 	}
 	for _, f := range t.afterCommit {
 		f()
 	}
-	return nil
+	return t.change(), nil
 }
 
 // nextPos allocates the next stream position. The counter row stays locked
 // until the transaction ends, so positions become visible in the order they
 // were handed out and a reader that sees position P has seen all below it.
-//
-// On PostgreSQL the transaction also notifies the other daemons sharing the
-// database (delivered at commit), so their waiting /sync requests wake too.
 func (s *Store) nextPos(ctx context.Context, tx *txn) (storage.StreamPos, error) {
 	var pos storage.StreamPos
 	if err := tx.QueryRowContext(ctx, `UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos`).Scan(&pos); err != nil {
 		return 0, err
 	}
-	if s.d.name == "postgres" {
-		if _, err := tx.ExecContext(ctx, `SELECT pg_notify('`+streamChannel+`', '')`); err != nil {
-			return 0, err
-		}
-	}
+	tx.pos = pos
 	return pos, nil
+}
+
+// maxNotifyPayload keeps stream notifications under PostgreSQL's limit
+// (8000 bytes); a change concerning more users is announced to everyone.
+const maxNotifyPayload = 7900
+
+// usersPrefix starts the payload of a stream notification that names the
+// users it concerns; any other payload concerns everyone.
+const usersPrefix = "u:"
+
+// notifyStream tells the other daemons sharing a PostgreSQL database that
+// tx advanced the stream, with the local users it concerns, so that they
+// wake only those users' waiting /sync requests. Sent last, it is
+// delivered at commit after the transaction's other notifications.
+func (s *Store) notifyStream(ctx context.Context, tx *txn) error {
+	if s.d.name != "postgres" || tx.pos == 0 {
+		return nil
+	}
+	users := tx.change().Users
+	payload := usersPrefix + strings.Join(users, "\n")
+	if len(payload) > maxNotifyPayload {
+		payload = ""
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+streamChannel+`', $1)`, payload)
+	return err
+}
+
+// notifiedUsers reads the users of a stream notification's payload: nil
+// (everyone) unless it names them.
+func notifiedUsers(payload string) []string {
+	rest, ok := strings.CutPrefix(payload, usersPrefix)
+	if !ok {
+		return nil
+	}
+	if rest == "" {
+		return []string{}
+	}
+	return strings.Split(rest, "\n")
 }
 
 // The PostgreSQL notification channels: stream advances, users whose
@@ -284,7 +324,7 @@ func (s *Store) setCachesEnabled(on bool) {
 // other daemons' token revocations and device changes, and the caches of
 // tokens and devices are on only while it does. Only PostgreSQL can be
 // shared; on SQLite it just waits for ctx.
-func (s *Store) WatchStream(ctx context.Context, advanced func()) (err error) {
+func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) (err error) {
 	defer named("WatchStream", &err)
 	if s.d.name != "postgres" {
 		<-ctx.Done()
@@ -321,7 +361,7 @@ func (s *Store) WatchStream(ctx context.Context, advanced func()) (err error) {
 			case n == nil:
 				// The connection was re-established: something may have
 				// been missed, so wake the waiters anyway.
-				advanced()
+				advanced(nil)
 			case n.Channel == tokensChannel:
 				s.tokens.revoke(n.Extra)
 			case n.Channel == devicesChannel:
@@ -329,7 +369,7 @@ func (s *Store) WatchStream(ctx context.Context, advanced func()) (err error) {
 				// the cache is dropped before any /sync wakes to read it.
 				s.devices.revoke(n.Extra)
 			default:
-				advanced()
+				advanced(notifiedUsers(n.Extra))
 			}
 		}
 	}
@@ -358,6 +398,28 @@ func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceI
 	return pos, err
 }
 
+// recordRemoteChange records a change of a remote user's device list,
+// which concerns the local users sharing a room with them.
+func (s *Store) recordRemoteChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
+	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
+	if err != nil || tx.lookedUp[userID] {
+		return pos, err
+	}
+	mates, err := s.txUserList(ctx, tx, `
+		SELECT DISTINCT ours.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+		WHERE theirs.user_id = $1 AND theirs.membership = 'join' AND ours.membership = 'join' AND ours.user_id LIKE $2`,
+		userID, s.localPattern())
+	if err != nil {
+		return 0, err
+	}
+	tx.concern(mates...)
+	if tx.lookedUp == nil {
+		tx.lookedUp = map[string]bool{}
+	}
+	tx.lookedUp[userID] = true
+	return pos, nil
+}
+
 // recordLocalChange records a change of a local user's device list and
 // queues it for every remote server sharing a room with the user now, in
 // the caller's transaction: a change is never committed without its
@@ -375,13 +437,16 @@ func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID
 	if err != nil {
 		return 0, err
 	}
+	// The user's room-mates: the local ones (and the user) are concerned,
+	// the servers of the others are sent the change.
 	rows, err := tx.QueryContext(ctx, `
 		SELECT DISTINCT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join' AND theirs.user_id NOT LIKE $2`,
-		userID, s.localPattern())
+		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join'`,
+		userID)
 	if err != nil {
 		return 0, err
 	}
+	tx.concern(userID)
 	dests := map[string]bool{}
 	for rows.Next() {
 		var other string
@@ -390,7 +455,11 @@ func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID
 			return 0, err
 		}
 		if _, server, ok := strings.Cut(other, ":"); ok {
-			dests[server] = true
+			if server == s.serverName {
+				tx.concern(other)
+			} else {
+				dests[server] = true
+			}
 		}
 	}
 	rows.Close()

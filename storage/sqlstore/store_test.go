@@ -127,19 +127,20 @@ func TestReplaceRemoteDeviceListOnlyChangesOnDifference(t *testing.T) {
 		s := open(t, db)
 		list := storage.RemoteDeviceList{UserID: "@bob:remote", StreamID: 3, Devices: []storage.RemoteDevice{{DeviceID: "D1", KeyJSON: []byte(`{"k":1}`)}}}
 		for i, want := range []bool{false, false} { // first sight, then the same again
-			pos, err := s.ReplaceRemoteDeviceList(ctx, list, "remote")
+			ch, err := s.ReplaceRemoteDeviceList(ctx, list, "remote")
+			pos := ch.Pos
 			if err != nil || (pos > 0) != want {
 				t.Fatalf("replace %d: pos %d, %v", i, pos, err)
 			}
 		}
 		list.StreamID = 4
 		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: "D2", KeyJSON: []byte(`{"k":2}`)})
-		if pos, err := s.ReplaceRemoteDeviceList(ctx, list, "remote"); err != nil || pos == 0 {
-			t.Fatalf("a new device was no change: %d %v", pos, err)
+		if ch, err := s.ReplaceRemoteDeviceList(ctx, list, "remote"); err != nil || ch.Pos == 0 {
+			t.Fatalf("a new device was no change: %d %v", ch.Pos, err)
 		}
 		old := storage.RemoteDeviceList{UserID: "@bob:remote", StreamID: 2}
-		if pos, err := s.ReplaceRemoteDeviceList(ctx, old, "remote"); err != nil || pos != 0 {
-			t.Fatalf("an older answer replaced the cache: %d %v", pos, err)
+		if ch, err := s.ReplaceRemoteDeviceList(ctx, old, "remote"); err != nil || ch.Pos != 0 {
+			t.Fatalf("an older answer replaced the cache: %d %v", ch.Pos, err)
 		}
 		got, err := s.RemoteDeviceLists(ctx, []string{"@bob:remote"})
 		if err != nil || len(got["@bob:remote"].Devices) != 2 || got["@bob:remote"].StreamID != 4 {
@@ -270,7 +271,7 @@ func writerAndReaders(t *testing.T, db testutil.Database) (*sqlstore.Store, []*s
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = s.WatchStream(ctx, func() {})
+			_ = s.WatchStream(ctx, func([]string) {})
 		}()
 		t.Cleanup(func() { cancel(); <-done })
 		testutil.Eventually(t, "the writer's caches are on", s.CachesOn)

@@ -95,7 +95,7 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 	defer named("SetMembership", &err)
 	var res storage.MembershipResult
 	local := strings.HasSuffix(userID, ":"+s.serverName)
-	err = s.write(ctx, func(tx *txn) error {
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.MembershipResult{}
 		var old string
 		err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
@@ -114,6 +114,17 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`,
 			roomID, userID, membership, res.Pos); err != nil {
 			return err
+		}
+		// The change concerns the user and the room's local members, past
+		// ones included: a join brings changes, a leave enters "left".
+		members, err := s.txUserList(ctx, tx, `SELECT user_id FROM memberships WHERE room_id = $1 AND user_id LIKE $2`,
+			roomID, s.localPattern())
+		if err != nil {
+			return err
+		}
+		tx.concern(members...)
+		if local {
+			tx.concern(userID)
 		}
 		// The remote users whose tracking this may change: the room's remote
 		// members when a local user moved, else the user who moved.
@@ -154,6 +165,7 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 		}
 		return nil
 	})
+	res.Change = ch
 	return res, err
 }
 

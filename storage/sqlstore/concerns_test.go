@@ -1,0 +1,235 @@
+package sqlstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Every write that advances the stream returns the local users it
+// concerns: for a device change the user and the local users sharing a
+// room with them, for a membership change the room's local members (past
+// ones too) and the user; never an unrelated user or a remote one.
+func TestWritesReturnTheUsersTheyConcern(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		const a, b, c, r = "@a:x", "@b:x", "@c:x", "@r:remote"
+		want := func(what string, ch storage.Change, err error, users ...string) {
+			t.Helper()
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if ch.Pos == 0 {
+				t.Fatalf("%s: no change", what)
+			}
+			if users == nil {
+				users = []string{}
+			}
+			if !slices.Equal(ch.Users, users) {
+				t.Fatalf("%s concerns %q, want %q", what, ch.Users, users)
+			}
+		}
+		for _, u := range []string{a, b, c} {
+			if _, err := s.CreateAccount(ctx, u, "x", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		join := func(room, user string) storage.Change {
+			res, err := s.SetMembership(ctx, room, user, storage.MembershipJoin, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.Change
+		}
+		want("a joins", join("!r1:x", a), nil, a)
+		want("b joins", join("!r1:x", b), nil, a, b)
+		want("a remote user joins", join("!r1:x", r), nil, a, b)
+		want("c joins another room", join("!r2:x", c), nil, c)
+
+		l, err := s.Login(ctx, storage.NewLogin{UserID: a, DeviceID: "A1", TokenHash: "a1"})
+		want("a logs in", l.Change, err, a, b)
+		l, err = s.CreateAccount(ctx, "@d:x", "x", &storage.NewLogin{UserID: "@d:x", DeviceID: "D1", TokenHash: "d1"})
+		want("d registers", l.Change, err, "@d:x")
+		l, err = s.Login(ctx, storage.NewLogin{UserID: c, DeviceID: "C1", TokenHash: "c1"})
+		want("c logs in", l.Change, err, c)
+		up, err := s.UploadKeys(ctx, a, "A1", nil, func(storage.KeyState) (storage.KeyWrite, error) {
+			return storage.KeyWrite{DeviceKeys: []byte(`{"k":1}`)}, nil
+		})
+		want("a uploads device keys", up.Change, err, a, b)
+		ch, err := s.SetDeviceDisplayName(ctx, a, "A1", "phone")
+		want("a renames a device", ch, err, a, b)
+		_, ch, err = s.DeleteDevices(ctx, a, []string{"A1"})
+		want("a deletes a device", ch, err, a, b)
+		if _, err := s.Login(ctx, storage.NewLogin{UserID: b, DeviceID: "B1", TokenHash: "b1"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Login(ctx, storage.NewLogin{UserID: b, DeviceID: "B2", TokenHash: "b2"}); err != nil {
+			t.Fatal(err)
+		}
+		ch, err = s.ChangePassword(ctx, b, "y", "B1", true)
+		want("b changes password, logging out B2", ch, err, a, b)
+
+		// A remote user's change concerns the local users sharing a room.
+		list := storage.RemoteDeviceList{UserID: r, StreamID: 1, Devices: []storage.RemoteDevice{{DeviceID: "R1", KeyJSON: []byte(`{"k":1}`)}}}
+		if _, err := s.ReplaceRemoteDeviceList(ctx, list, "remote"); err != nil {
+			t.Fatal(err)
+		}
+		list.StreamID = 2
+		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: "R2", KeyJSON: []byte(`{"k":2}`)})
+		ch, err = s.ReplaceRemoteDeviceList(ctx, list, "remote")
+		want("r's list is fetched again", ch, err, a, b)
+		ap, err := s.ApplyRemoteDeviceUpdate(ctx, storage.RemoteDeviceUpdate{UserID: r, DeviceID: "R3", StreamID: 3, PrevIDs: []int64{2},
+			KeyJSON: []byte(`{"k":3}`)})
+		if ap.Outcome != storage.Applied {
+			t.Fatalf("update outcome %v", ap.Outcome)
+		}
+		want("an update of r", ap.Change, err, a, b)
+
+		// Leaving: the room's members, past ones included, and the user.
+		res, err := s.SetMembership(ctx, "!r1:x", a, storage.MembershipLeave, 0)
+		want("a leaves", res.Change, err, a, b)
+		res, err = s.SetMembership(ctx, "!r1:x", r, storage.MembershipLeave, 0)
+		want("r leaves", res.Change, err, a, b)
+		ch, err = s.DeactivateAccount(ctx, c, 1)
+		want("c is deactivated", ch, err, c)
+	})
+}
+
+// Another daemon on the same PostgreSQL database hears each advance with
+// the users it concerns, or with nil (anyone) when they are too many to
+// name in a notification.
+func TestWatchStreamCarriesTheUsers(t *testing.T) {
+	db := testutil.Postgres(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writer, watcher := open(t, db), open(t, db)
+	heard := make(chan []string, 1000)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = watcher.WatchStream(ctx, func(users []string) { heard <- users })
+	}()
+	defer func() { cancel(); <-done }()
+
+	// probe makes an advance and waits until it is heard, so that every
+	// advance before it has been heard too (they come in commit order).
+	probes := 0
+	probe := func() bool {
+		probes++
+		user := fmt.Sprintf("@probe%d:x", probes)
+		if _, err := writer.SetMembership(ctx, "!probe:x", user, storage.MembershipJoin, 0); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			select {
+			case got := <-heard:
+				if slices.Contains(got, user) {
+					return true
+				}
+			case <-time.After(100 * time.Millisecond):
+				return false // not listening yet: try again
+			}
+		}
+	}
+	sync := func() {
+		t.Helper()
+		for i := 0; !probe(); i++ {
+			if i == 100 {
+				t.Fatal("the watcher never heard an advance")
+			}
+		}
+	}
+	// The channel is the database's, not the schema's: other tests using
+	// the same database are heard too. Theirs name users of other servers
+	// (or anyone, which ours are checked not to be but in the last step).
+	ours := func(users []string) bool {
+		for _, u := range users {
+			if !strings.HasSuffix(u, ":x") {
+				return false
+			}
+		}
+		return users != nil
+	}
+	// next checks the next advance of ours heard: exactly users.
+	next := func(what string, users []string) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case got := <-heard:
+				if got != nil && !ours(got) {
+					continue
+				}
+				if !slices.Equal(got, users) || got == nil {
+					t.Fatalf("%s: heard %q, want %q", what, got, users)
+				}
+				return
+			case <-deadline:
+				t.Fatalf("%s: nothing heard", what)
+			}
+		}
+	}
+
+	const a, b, c = "@a:x", "@b:x", "@c:x"
+	for _, u := range []string{a, b, c} {
+		if _, err := writer.SetMembership(ctx, "!room:x", u, storage.MembershipJoin, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := writer.SetMembership(ctx, "!other:x", "@d:x", storage.MembershipJoin, 0); err != nil {
+		t.Fatal(err)
+	}
+	sync()
+	if _, err := writer.Login(ctx, storage.NewLogin{UserID: "@d:x", DeviceID: "D", TokenHash: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	next("d logs in", []string{"@d:x"})
+	if _, err := writer.Login(ctx, storage.NewLogin{UserID: a, DeviceID: "A", TokenHash: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	next("a logs in", []string{a, b, c})
+
+	// Too many to name: anyone.
+	for i := 0; i < 250; i++ {
+		u := fmt.Sprintf("@%s%03d:x", strings.Repeat("m", 30), i)
+		if _, err := writer.SetMembership(ctx, "!big:x", u, storage.MembershipJoin, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync()
+	if _, err := writer.Login(ctx, storage.NewLogin{UserID: "@" + strings.Repeat("m", 30) + "000:x", DeviceID: "M", TokenHash: "m"}); err != nil {
+		t.Fatal(err) // PostgreSQL refuses a payload of 8000 bytes or more
+	}
+	// Between the login and the next probe: an advance for anyone.
+	probes++
+	user := fmt.Sprintf("@probe%d:x", probes)
+	if _, err := writer.SetMembership(ctx, "!probe:x", user, storage.MembershipJoin, 0); err != nil {
+		t.Fatal(err)
+	}
+	anyone := false
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-heard:
+			if got == nil {
+				anyone = true
+			} else if slices.Contains(got, user) {
+				if !anyone {
+					t.Fatal("the login of a big room's member was not announced to anyone")
+				}
+				return
+			} else if ours(got) {
+				t.Fatalf("heard %q for the login of a big room's member", got)
+			}
+		case <-deadline:
+			t.Fatal("the probe was not heard")
+		}
+	}
+}
