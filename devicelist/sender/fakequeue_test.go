@@ -21,6 +21,8 @@ type fakeQueue struct {
 	// limit ("PendingUpdates/1").
 	hold   map[string]chan struct{}
 	inside map[string]int
+	// failing makes calls of an operation fail.
+	failing map[string]bool
 }
 
 type fakeLease struct {
@@ -30,7 +32,7 @@ type fakeLease struct {
 
 func newFakeQueue() *fakeQueue {
 	return &fakeQueue{pending: map[string][]storage.OutboundUpdate{}, leases: map[string]fakeLease{},
-		calls: map[string]int{}, hold: map[string]chan struct{}{}, inside: map[string]int{}}
+		calls: map[string]int{}, hold: map[string]chan struct{}{}, inside: map[string]int{}, failing: map[string]bool{}}
 }
 
 // add queues n updates of distinct devices for dest.
@@ -128,6 +130,9 @@ func (f *fakeQueue) AcquireDestination(ctx context.Context, dest, owner string, 
 	f.enter("AcquireDestination")
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failing["AcquireDestination"] {
+		return false, errDBDown
+	}
 	if l, ok := f.leases[dest]; ok && l.owner != owner && l.expires >= now {
 		return false, nil
 	}

@@ -388,7 +388,8 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 	ok, err := s.renew(ctx, d.name)
 	if err != nil {
 		s.dbError(ctx, log, err, "renewing a destination's lease")
-		s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+		// Database trouble does not shorten a failed destination's backoff.
+		s.setAside(d, later(d.retryAt, s.o.Clock.Now().Add(s.o.MinRetry)))
 		return
 	}
 	if !ok {
@@ -458,6 +459,13 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		log.WithError(err).Warn("device-list updates cannot be delivered; retrying with backoff")
 	}
 	s.setAside(d, s.o.Clock.Now().Add(wait))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // finish lets go of d's lease once its queue is empty, then looks once

@@ -404,3 +404,42 @@ func TestSignalsDoNotWaitOnTheDatabase(t *testing.T) {
 		})
 	}
 }
+
+// A database error while a failed destination waits retries the database
+// soon, but does not send before the destination's own retry time.
+func TestDatabaseTroubleKeepsTheBackoff(t *testing.T) {
+	ctx := context.Background()
+	q := newFakeQueue()
+	q.add("down.test", 1)
+	clk := clock.NewFake()
+	tr := &scriptedTransport{errs: []error{errors.New("connection refused")}}
+	s := startTest(q, tr, Options{Clock: clk, MinRetry: time.Second, MaxRetry: time.Hour})
+	s.wake("down.test", false)
+	d := take(t, s)
+	s.process(ctx, d)
+	retryAt := d.retryAt
+	if !retryAt.Equal(clk.Now().Add(time.Second)) {
+		t.Fatalf("retry in %v", retryAt.Sub(clk.Now()))
+	}
+	// A second failure: two seconds.
+	clk.Advance(time.Second)
+	s.resume(clk.Now())
+	tr.errs = []error{errors.New("connection refused")}
+	s.process(ctx, take(t, s))
+	retryAt = d.retryAt
+	if !retryAt.Equal(clk.Now().Add(2 * time.Second)) {
+		t.Fatalf("retry in %v", retryAt.Sub(clk.Now()))
+	}
+	// The database fails when the lease is renewed, before the retry
+	// time: the destination's backoff stands.
+	q.mu.Lock()
+	q.failing["AcquireDestination"] = true
+	q.mu.Unlock()
+	s.mu.Lock()
+	s.enqueue(d)
+	s.mu.Unlock()
+	s.process(ctx, take(t, s))
+	if !d.retryAt.Equal(retryAt) {
+		t.Fatalf("database trouble moved the retry from %v to %v", retryAt, d.retryAt)
+	}
+}
