@@ -19,6 +19,7 @@ import (
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 )
 
@@ -37,6 +38,8 @@ type Options struct {
 	// servers) get their longest wait on top of it.
 	WriteTimeout time.Duration
 	Logger       logrus.FieldLogger
+	// KeyBackup serves /room_keys; nil: not served.
+	KeyBackup *keybackup.Service
 }
 
 // API serves the client-server API.
@@ -93,6 +96,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
+		a.keyBackupRoutes(s)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.

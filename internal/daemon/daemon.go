@@ -29,6 +29,7 @@ import (
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -238,6 +239,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			WriteTimeout:    cfg.ClientAPI.WriteTimeout.Duration(),
 			TrustedProxies:  iprange.MustParse(cfg.ClientAPI.TrustedProxies),
 			Logger:          log,
+			KeyBackup:       keybackup.New(store, log),
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

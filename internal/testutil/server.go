@@ -21,6 +21,7 @@ import (
 
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -70,7 +71,8 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		LaxKeyValidation: o.LaxKeyValidation,
 	})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
-		RateLimit: ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil)})
+		RateLimit: ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
+		KeyBackup: keybackup.New(store, log)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

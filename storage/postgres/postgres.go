@@ -23,6 +23,8 @@ var Schema = map[string]string{
 	// Claims lock the oldest key through the index (see migration 5).
 	"{{DROP_CLAIM_INDEX}}": "",
 	"{{TEXT_AS_BYTES}}":    textAsBytes,
+	// Text columns added after migration 6 compare as bytes too.
+	"{{TEXT}}": `TEXT COLLATE "C"`,
 }
 
 // textAsBytes gives every text column the "C" collation (migration 6).

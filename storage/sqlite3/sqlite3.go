@@ -34,6 +34,7 @@ BEGIN
 	"{{DROP_CLAIM_INDEX}}": "DROP INDEX one_time_keys_claim;",
 	// SQLite compares text as bytes unless told otherwise.
 	"{{TEXT_AS_BYTES}}": "",
+	"{{TEXT}}":          "TEXT",
 }
 
 // IsURI reports whether uri names an SQLite database: "file:..." or a plain

@@ -217,6 +217,40 @@ SELECT user_id, device_id, algorithm, COUNT(*) FROM one_time_keys GROUP BY user_
 -- compare two columns of different collations.
 {{TEXT_AS_BYTES}}
 `},
+	{12, "server-side key backups", `
+-- the last backup version number given to each user: versions count up
+-- from 1 and are never given twice, deleted ones included. Every change
+-- of a user's backups locks this row first, so they happen one at a time.
+CREATE TABLE backup_users (
+	user_id      {{TEXT}} PRIMARY KEY,
+	last_version {{BIGINT}} NOT NULL
+);
+
+-- the versions not deleted; the highest is the current one. etag is
+-- bumped by every change of the version's keys, key_count is their number.
+CREATE TABLE backup_versions (
+	user_id   {{TEXT}} NOT NULL,
+	version   {{BIGINT}} NOT NULL,
+	algorithm {{TEXT}} NOT NULL,
+	auth_data {{TEXT}} NOT NULL,
+	etag      {{BIGINT}} NOT NULL,
+	key_count {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, version)
+);
+
+-- session_data is the client's JSON object, opaque to the server
+CREATE TABLE backup_keys (
+	user_id             {{TEXT}} NOT NULL,
+	version             {{BIGINT}} NOT NULL,
+	room_id             {{TEXT}} NOT NULL,
+	session_id          {{TEXT}} NOT NULL,
+	first_message_index {{BIGINT}} NOT NULL,
+	forwarded_count     {{BIGINT}} NOT NULL,
+	is_verified         BOOLEAN NOT NULL,
+	session_data        {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, version, room_id, session_id)
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
