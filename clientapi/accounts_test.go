@@ -1030,10 +1030,12 @@ func TestDevices(t *testing.T) {
 			acctExpectErr(t, r, http.StatusForbidden, "M_FORBIDDEN")
 			acctWhoami(t, srv, bob.Token, bob.UserID, bob.DeviceID)
 
-			// The right password, by localpart then by user ID.
+			// The right password, by localpart then by user ID, in a
+			// session started for that device's deletion.
 			for _, user := range []string{acctLocalpart(alice.UserID), alice.UserID} {
 				t.Run("identifier "+user, func(t *testing.T) {
 					d := srv.Login(t, alice, "")
+					session := acctExpectChallenge(t, srv.Do(t, "DELETE", devPath(d.DeviceID), alice.Token, nil), "m.login.password")
 					acctExpectEmptyOK(t, srv.Do(t, "DELETE", devPath(d.DeviceID), alice.Token,
 						map[string]any{"auth": acctPasswordAuth(user, alice.Password, session)}))
 					deviceGone(t, d)

@@ -37,7 +37,10 @@ type Options struct {
 	// that wait (/sync for news, key queries and claims for other
 	// servers) get their longest wait on top of it.
 	WriteTimeout time.Duration
-	Logger       logrus.FieldLogger
+	// LoginLimit and RegisterLimit bound the /login and /register
+	// requests of each remote address; nil: no limit.
+	LoginLimit, RegisterLimit *ratelimit.Limiter
+	Logger                    logrus.FieldLogger
 	// KeyBackup serves /room_keys; nil: not served.
 	KeyBackup *keybackup.Service
 }
@@ -84,6 +87,10 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/logout", a.authed(a.logout)).Methods(http.MethodPost)
 		s.Handle("/logout/all", a.authed(a.logoutAll)).Methods(http.MethodPost)
 		s.Handle("/account/whoami", a.authed(a.whoami)).Methods(http.MethodGet)
+		s.Handle("/account/password", a.authed(a.changePassword)).Methods(http.MethodPost)
+		s.Handle("/account/deactivate", a.authed(a.deactivate)).Methods(http.MethodPost)
+		s.Handle("/account/3pid", a.authed(a.threePIDs)).Methods(http.MethodGet)
+		s.Handle("/capabilities", a.authed(a.capabilities)).Methods(http.MethodGet)
 		s.Handle("/devices", a.authed(a.devices)).Methods(http.MethodGet)
 		s.Handle("/devices/{deviceId}", a.authed(a.device)).Methods(http.MethodGet)
 		s.Handle("/devices/{deviceId}", a.authed(a.renameDevice)).Methods(http.MethodPut)
@@ -146,6 +153,7 @@ func (a *API) authed(h authedHandler) http.Handler {
 			httpx.Error(w, r, err)
 			return
 		}
+		c.IP = remoteIP(r)
 		if ok, wait := a.opts.RateLimit.Allow(c.UserID + "|" + c.DeviceID); !ok {
 			httpx.LimitExceeded(w, r, wait)
 			return
@@ -226,7 +234,18 @@ func (a *API) versions(r *http.Request) (any, error) {
 	return map[string]any{"versions": specVersions, "unstable_features": map[string]bool{}}, nil
 }
 
+// limitAddress takes a token of l for the request's remote address.
+func limitAddress(l *ratelimit.Limiter, r *http.Request) error {
+	if ok, wait := l.Allow(remoteIP(r)); !ok {
+		return mxerr.LimitExceeded(wait)
+	}
+	return nil
+}
+
 func (a *API) register(r *http.Request) (any, error) {
+	if err := limitAddress(a.opts.RegisterLimit, r); err != nil {
+		return nil, err
+	}
 	var req keyserver.RegisterRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -255,6 +274,9 @@ func (a *API) loginFlows(r *http.Request) (any, error) {
 }
 
 func (a *API) login(r *http.Request) (any, error) {
+	if err := limitAddress(a.opts.LoginLimit, r); err != nil {
+		return nil, err
+	}
 	var req keyserver.LoginRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -273,6 +295,37 @@ func (a *API) logoutAll(r *http.Request, c keyserver.Caller) (any, error) {
 
 func (a *API) whoami(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"user_id": c.UserID, "device_id": c.DeviceID, "is_guest": false}, nil
+}
+
+func (a *API) changePassword(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.ChangePasswordRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.ChangePassword(r.Context(), c, req)
+}
+
+func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.DeactivateRequest
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	if err := a.ks.Deactivate(r.Context(), c, req); err != nil {
+		return nil, err
+	}
+	// No identity server is ever bound.
+	return map[string]string{"id_server_unbind_result": "no-support"}, nil
+}
+
+// threePIDs answers GET /account/3pid: no third-party IDs are kept.
+func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"threepids": []any{}}, nil
+}
+
+func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
+	return map[string]any{"capabilities": map[string]any{
+		"m.change_password": map[string]bool{"enabled": true},
+	}}, nil
 }
 
 func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
@@ -316,7 +369,7 @@ func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.DeleteDevices(r.Context(), c, []string{id}, req.Auth)
+	return empty, a.ks.DeleteDevice(r.Context(), c, id, req.Auth)
 }
 
 func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -112,6 +113,28 @@ type ClientAPIConfig struct {
 	// MaxConnectionsPerAddress, on both listeners. Default none: the
 	// header is ignored.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// LoginRateLimit bounds POST /login per remote address. Default 0.003
+	// per second after a burst of 5 (Synapse's rc_login.address).
+	LoginRateLimit RateLimit `yaml:"login_rate_limit"`
+	// RegistrationRateLimit bounds POST /register per remote address,
+	// counting every request (a registration commonly takes two). Default
+	// 0.17 per second after a burst of 6.
+	RegistrationRateLimit RateLimit `yaml:"registration_rate_limit"`
+	// FailedLoginRateLimit bounds wrong passwords per account, at login
+	// and in user-interactive auth; while it is exceeded every attempt on
+	// the account is refused. Default 0.17 per second after a burst of 3
+	// (Synapse's rc_login.failed_attempts).
+	FailedLoginRateLimit RateLimit `yaml:"failed_login_rate_limit"`
+	// BcryptConcurrency is how many password hashes are computed at once;
+	// the others wait. 0 (the default) means half of GOMAXPROCS, at least 1.
+	BcryptConcurrency int `yaml:"bcrypt_concurrency"`
+}
+
+// RateLimit is a token bucket: Burst requests at once, then PerSecond.
+// PerSecond 0 turns the limit off.
+type RateLimit struct {
+	PerSecond float64 `yaml:"per_second"`
+	Burst     int     `yaml:"burst"`
 }
 
 // FederationConfig is the "federation" section: the server-server API.
@@ -268,6 +291,9 @@ func Default() *Config {
 			IdleTimeout:              Duration(2 * time.Minute),
 			MaxConnectionsPerAddress: 100,
 			TrustedProxies:           []string{},
+			LoginRateLimit:           RateLimit{PerSecond: 0.003, Burst: 5},
+			RegistrationRateLimit:    RateLimit{PerSecond: 0.17, Burst: 6},
+			FailedLoginRateLimit:     RateLimit{PerSecond: 0.17, Burst: 3},
 		},
 		Federation: FederationConfig{
 			Listen:                   "127.0.0.1:8448",
@@ -470,6 +496,24 @@ func (c *Config) Validate() error {
 		if rl.rate > 0 && rl.burst < 1 {
 			add("%s.rate_limit_burst must be at least 1, not %d", rl.key, rl.burst)
 		}
+	}
+	for _, rl := range []struct {
+		key string
+		RateLimit
+	}{
+		{"client_api.login_rate_limit", c.ClientAPI.LoginRateLimit},
+		{"client_api.registration_rate_limit", c.ClientAPI.RegistrationRateLimit},
+		{"client_api.failed_login_rate_limit", c.ClientAPI.FailedLoginRateLimit},
+	} {
+		if rl.PerSecond < 0 || math.IsNaN(rl.PerSecond) || math.IsInf(rl.PerSecond, 0) {
+			add("%s.per_second must be 0 (off) or positive, not %v", rl.key, rl.PerSecond)
+		}
+		if rl.PerSecond > 0 && rl.Burst < 1 {
+			add("%s.burst must be at least 1, not %d", rl.key, rl.Burst)
+		}
+	}
+	if c.ClientAPI.BcryptConcurrency < 0 {
+		add("client_api.bcrypt_concurrency must be 0 (automatic) or positive, not %d", c.ClientAPI.BcryptConcurrency)
 	}
 	if c.Metrics.Listen != "" {
 		if msg := checkListen("metrics.listen", c.Metrics.Listen); msg != "" {
@@ -788,6 +832,12 @@ func setFromString(v reflect.Value, s string) error {
 			return fmt.Errorf("%q is not an integer in range", s)
 		}
 		v.SetInt(n)
+	case reflect.Float32, reflect.Float64:
+		f, err := strconv.ParseFloat(s, v.Type().Bits())
+		if err != nil {
+			return fmt.Errorf("%q is not a number", s)
+		}
+		v.SetFloat(f)
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		n, err := strconv.ParseUint(s, 10, v.Type().Bits())
 		if err != nil {

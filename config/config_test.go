@@ -450,13 +450,17 @@ func TestKeys(t *testing.T) {
 		"client_api.max_connections_per_address", "client_api.trusted_proxies",
 		"federation.read_timeout", "federation.write_timeout", "federation.idle_timeout",
 		"federation.max_connections_per_address",
+		"client_api.login_rate_limit.per_second", "client_api.login_rate_limit.burst",
+		"client_api.registration_rate_limit.per_second", "client_api.registration_rate_limit.burst",
+		"client_api.failed_login_rate_limit.per_second", "client_api.failed_login_rate_limit.burst",
+		"client_api.bcrypt_concurrency",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 38 {
-		t.Errorf("Keys() has %d keys, want 38: %q", len(keys), keys)
+	if len(keys) != 45 {
+		t.Errorf("Keys() has %d keys, want 45: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.
@@ -563,5 +567,34 @@ func TestOldVerifyKeys(t *testing.T) {
 		if strings.Contains(k, "old_verify_keys") {
 			t.Errorf("structured setting %q offered as a flag", k)
 		}
+	}
+}
+
+func TestAccountRateLimitSettings(t *testing.T) {
+	c := Default()
+	if err := c.Set("client_api.login_rate_limit.per_second", "0.5"); err != nil {
+		t.Fatal(err)
+	}
+	if c.ClientAPI.LoginRateLimit.PerSecond != 0.5 {
+		t.Errorf("per_second %v, want 0.5", c.ClientAPI.LoginRateLimit.PerSecond)
+	}
+	if err := c.Set("client_api.login_rate_limit.per_second", "fast"); err == nil {
+		t.Error("a rate that is not a number was accepted")
+	}
+	c.ClientAPI.RegistrationRateLimit = RateLimit{PerSecond: -1, Burst: 1}
+	c.ClientAPI.FailedLoginRateLimit = RateLimit{PerSecond: 1, Burst: 0}
+	c.ClientAPI.BcryptConcurrency = -1
+	err := c.Validate()
+	for _, want := range []string{"client_api.registration_rate_limit.per_second", "client_api.failed_login_rate_limit.burst",
+		"client_api.bcrypt_concurrency"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want a problem with %s", err, want)
+		}
+	}
+	// 0 turns a limit off, whatever the burst.
+	c = Default()
+	c.ClientAPI.LoginRateLimit = RateLimit{}
+	if err := c.Validate(); err != nil {
+		t.Errorf("a limit turned off: %v", err)
 	}
 }

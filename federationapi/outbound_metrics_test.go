@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keyserver"
@@ -67,7 +68,8 @@ func TestOutboundFailuresCountRequestsSent(t *testing.T) {
 		// After one failure the client holds the destination back for an
 		// hour; the sender's own first retry comes much sooner.
 		fc := fedclient.New(fedclient.Options{ServerName: "local.test", KeyID: "ed25519:k", PrivateKey: key,
-			SkipVerify: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Logger: log})
+			SkipVerify: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Logger: log,
+			AddressPolicy: &fedclient.AddressPolicy{Allow: iprange.MustParse([]string{"127.0.0.0/8"})}})
 		sender := keyserver.NewSender(store, fc, keyserver.SenderOptions{ServerName: "local.test",
 			MinRetry: time.Millisecond, MaxRetry: time.Millisecond, Sweep: time.Hour, Logger: log})
 		failures0 := counterValue(t, metrics.OutboundFailures)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -19,6 +20,7 @@ import (
 type Caller struct {
 	UserID   string
 	DeviceID string
+	IP       string // the remote address of the request, for logs
 }
 
 // Authenticate resolves an access token.
@@ -43,23 +45,6 @@ type AuthData struct {
 		Type string `json:"type"`
 		User string `json:"user"`
 	} `json:"identifier"`
-}
-
-// challenge is the 401 answer that starts (or, with cause, repeats) a
-// user-interactive auth flow of a single stage.
-func challenge(stage, session string, cause *mxerr.Error) *mxerr.Error {
-	if session == "" {
-		session = newSessionID()
-	}
-	e := &mxerr.Error{Status: http.StatusUnauthorized, Extra: map[string]any{
-		"flows":   []any{map[string]any{"stages": []string{stage}}},
-		"params":  map[string]any{},
-		"session": session,
-	}}
-	if cause != nil {
-		e.Code, e.Message = cause.Code, cause.Message
-	}
-	return e
 }
 
 // RegisterRequest is POST /register.
@@ -125,19 +110,24 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 			return LoginResponse{}, mxerr.UserInUse("user ID %s is already taken", userID)
 		}
 	}
-	if r.Auth == nil {
-		return LoginResponse{}, challenge("m.login.dummy", "", nil)
-	}
-	if r.Auth.Type != "m.login.dummy" {
-		return LoginResponse{}, challenge("m.login.dummy", r.Auth.Session,
-			mxerr.Forbidden("auth type %q is not offered; use m.login.dummy", r.Auth.Type))
-	}
 	// Checked after the challenge, so a client may learn the flows with an
-	// empty request.
-	if r.Password == nil {
+	// empty request, and before the stage, so that a mistake does not use
+	// up the session.
+	if r.Auth != nil && r.Password == nil {
 		return LoginResponse{}, mxerr.MissingParam("password is required")
 	}
-	hash, err := hashPassword(*r.Password, s.opts.BcryptCost)
+	// The session is bound to registering, not to the body: the dummy
+	// stage vouches for nothing in it, and clients commonly learn the
+	// flows with a request that names no user yet.
+	kind := r.Kind
+	if kind == "" {
+		kind = "user"
+	}
+	req := uiaRequest{Method: http.MethodPost, Path: "/register", Params: kind}
+	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*AuthData) error { return nil }); err != nil {
+		return LoginResponse{}, err
+	}
+	hash, err := s.hashPassword(ctx, *r.Password)
 	if err != nil {
 		return LoginResponse{}, err
 	}
@@ -240,7 +230,7 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	if err := checkDisplayName(r.InitialDeviceDisplayName); err != nil {
 		return LoginResponse{}, err
 	}
-	userID, err := s.checkPassword(ctx, user, *r.Password)
+	userID, err := s.checkPassword(ctx, user, *r.Password, r.IP)
 	if err != nil {
 		return LoginResponse{}, err
 	}
@@ -251,6 +241,9 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 		l.DeviceID = *r.DeviceID
 	}
 	res, err := s.db.Login(ctx, l)
+	if errors.Is(err, storage.ErrDeactivated) {
+		return LoginResponse{}, errDeactivated()
+	}
 	if err != nil {
 		return LoginResponse{}, err
 	}
@@ -258,32 +251,62 @@ func (s *Service) Login(ctx context.Context, r LoginRequest) (LoginResponse, err
 	return LoginResponse{UserID: userID, AccessToken: token, DeviceID: l.DeviceID}, nil
 }
 
-// resolveUser turns what a client names a user by (a user ID, or a
-// localpart of ours in any case) into a user ID.
+// resolveUser turns what a client names a user by (a localpart of ours or
+// a user ID) into a user ID. The localpart of our own users is lower-cased
+// in both forms, as Synapse and Dendrite do: every ID this server creates
+// is lower case, and clients pass on what the user typed.
 func (s *Service) resolveUser(user string) string {
-	if strings.HasPrefix(user, "@") {
-		return user
+	if !strings.HasPrefix(user, "@") {
+		return "@" + strings.ToLower(user) + ":" + s.opts.ServerName
 	}
-	return "@" + strings.ToLower(user) + ":" + s.opts.ServerName
+	if localpart, server, ok := strings.Cut(user[1:], ":"); ok && server == s.opts.ServerName {
+		return "@" + strings.ToLower(localpart) + ":" + server
+	}
+	return user
 }
 
 // checkPassword resolves a localpart or user ID of ours and checks the
-// password. Every failure is the same 403, and takes as long.
-func (s *Service) checkPassword(ctx context.Context, user, password string) (string, error) {
+// password. Every failure is the same 403 and takes as long, but for a
+// deactivated account (M_USER_DEACTIVATED, as the spec has it) and an
+// account with too many recent failures (429, before any check, so that
+// guessing on stops). Failures are logged, never the password.
+func (s *Service) checkPassword(ctx context.Context, user, password, ip string) (string, error) {
 	userID := s.resolveUser(user)
-	forbidden := mxerr.Forbidden("invalid username or password")
-	hash, err := s.db.PasswordHash(ctx, userID)
-	if errors.Is(err, storage.ErrNotFound) {
-		_ = comparePassword(s.dummyHash, password)
-		return "", forbidden
+	log := s.logger(ctx).WithFields(logrus.Fields{"user_id": userID, "ip": ip})
+	if ok, wait := s.opts.FailedLogins.Peek(userID); !ok {
+		log.Info("password refused unchecked: too many failed attempts for the account")
+		return "", mxerr.LimitExceeded(wait)
 	}
-	if err != nil {
+	hash, err := s.db.PasswordHash(ctx, userID)
+	known := err == nil
+	if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrDeactivated) {
 		return "", err
 	}
-	if comparePassword([]byte(hash), password) != nil {
-		return "", forbidden
+	if !known {
+		hash = string(s.dummyHash)
+	}
+	match, cerr := s.comparePassword(ctx, []byte(hash), password)
+	if cerr != nil {
+		return "", cerr
+	}
+	switch {
+	case errors.Is(err, storage.ErrDeactivated):
+		log.Info("login to a deactivated account refused")
+		return "", errDeactivated()
+	case !known:
+		s.opts.FailedLogins.Allow(userID)
+		log.Info("failed login: no such user")
+		return "", mxerr.Forbidden("invalid username or password")
+	case !match:
+		s.opts.FailedLogins.Allow(userID)
+		log.Info("failed login: wrong password")
+		return "", mxerr.Forbidden("invalid username or password")
 	}
 	return userID, nil
+}
+
+func errDeactivated() *mxerr.Error {
+	return mxerr.New(http.StatusForbidden, "M_USER_DEACTIVATED", "this account has been deactivated")
 }
 
 // Logout deletes the caller's device (and so its token and keys).
@@ -315,9 +338,9 @@ func hashPassword(password string, cost int) ([]byte, error) {
 	if cost < bcrypt.MinCost {
 		cost = bcrypt.DefaultCost
 	}
-	return bcrypt.GenerateFromPassword(passwordInput(password), cost)
+	return bcryptGenerate(passwordInput(password), cost)
 }
 
 func comparePassword(hash []byte, password string) error {
-	return bcrypt.CompareHashAndPassword(hash, passwordInput(password))
+	return bcryptCompare(hash, passwordInput(password))
 }

@@ -3,6 +3,8 @@ package keyserver
 import (
 	"context"
 	"errors"
+	"net/http"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -69,48 +71,30 @@ func (s *Service) RenameDevice(ctx context.Context, c Caller, deviceID string, n
 	return err
 }
 
-// DeleteDevices deletes devices of the caller after a password stage of
-// user-interactive auth. Devices that do not exist are ignored.
+// DeleteDevice deletes one device of the caller (DELETE /devices/{id})
+// after a password stage of user-interactive auth. A device that does not
+// exist is ignored.
+func (s *Service) DeleteDevice(ctx context.Context, c Caller, deviceID string, auth *AuthData) error {
+	req := uiaRequest{UserID: c.UserID, Method: http.MethodDelete, Path: "/devices/" + deviceID}
+	return s.deleteDevices(ctx, c, []string{deviceID}, req, auth)
+}
+
+// DeleteDevices deletes devices of the caller (POST /delete_devices) after
+// a password stage of user-interactive auth. Devices that do not exist are
+// ignored.
 func (s *Service) DeleteDevices(ctx context.Context, c Caller, deviceIDs []string, auth *AuthData) error {
-	if err := s.passwordStage(ctx, c, auth); err != nil {
+	// The session is bound to the set of devices, in any order.
+	set := slices.Clone(deviceIDs)
+	slices.Sort(set)
+	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/delete_devices", Params: slices.Compact(set)}
+	return s.deleteDevices(ctx, c, deviceIDs, req, auth)
+}
+
+func (s *Service) deleteDevices(ctx context.Context, c Caller, deviceIDs []string, req uiaRequest, auth *AuthData) error {
+	if err := s.userInteractive(ctx, stagePassword, req, auth, s.passwordStage(ctx, c)); err != nil {
 		return err
 	}
 	_, pos, err := s.db.DeleteDevices(ctx, c.UserID, deviceIDs)
 	s.localChange(pos)
 	return err
-}
-
-// passwordStage runs the m.login.password stage for the caller: without
-// auth it answers the challenge; auth naming another user is forbidden; a
-// wrong password repeats the challenge with the error.
-func (s *Service) passwordStage(ctx context.Context, c Caller, auth *AuthData) error {
-	const stage = "m.login.password"
-	if auth == nil {
-		return challenge(stage, "", nil)
-	}
-	if auth.Type != stage {
-		return challenge(stage, auth.Session, mxerr.Forbidden("auth type %q is not offered; use %s", auth.Type, stage))
-	}
-	user := auth.User
-	if auth.Identifier != nil {
-		if auth.Identifier.Type != "m.id.user" {
-			return challenge(stage, auth.Session, mxerr.Forbidden("identifier type %q is not supported", auth.Identifier.Type))
-		}
-		user = auth.Identifier.User
-	}
-	if user == "" {
-		user = c.UserID
-	}
-	userID := s.resolveUser(user)
-	if userID != c.UserID {
-		return mxerr.Forbidden("auth is for another user than the access token's")
-	}
-	if _, err := s.checkPassword(ctx, userID, auth.Password); err != nil {
-		var me *mxerr.Error
-		if errors.As(err, &me) {
-			return challenge(stage, auth.Session, me)
-		}
-		return err
-	}
-	return nil
 }

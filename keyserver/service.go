@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -34,6 +35,14 @@ type Options struct {
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
+	// FailedLogins limits wrong passwords per account; nil: no limit.
+	FailedLogins *ratelimit.Limiter
+	// BcryptConcurrency bounds the password hashes computed at once
+	// (default half of GOMAXPROCS, at least 1).
+	BcryptConcurrency int
+	// UIASessionLifetime is how long a user-interactive auth session may
+	// be completed after it started (default 30 minutes).
+	UIASessionLifetime time.Duration
 	// DeviceNamesOverFederation shows device display names to other servers.
 	DeviceNamesOverFederation bool
 	Logger                    logrus.FieldLogger
@@ -47,14 +56,15 @@ type Options struct {
 
 // Service is the keyserver's domain layer.
 type Service struct {
-	db       storage.Database
-	fed      Federation
-	sender   *Sender
-	updater  *Updater
-	opts     Options
-	notifier *Notifier
-	log      logrus.FieldLogger
-	now      func() time.Time
+	db        storage.Database
+	fed       Federation
+	sender    *Sender
+	updater   *Updater
+	opts      Options
+	notifier  *Notifier
+	log       logrus.FieldLogger
+	now       func() time.Time
+	passwords *passwordPool
 	// dummyHash is compared against when a login names an unknown user, so
 	// that answering takes as long as for a wrong password.
 	dummyHash []byte
@@ -77,10 +87,14 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.SendWait <= 0 {
 		opts.SendWait = 10 * time.Second
 	}
+	if opts.UIASessionLifetime <= 0 {
+		opts.UIASessionLifetime = 30 * time.Minute
+	}
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute
 	}
-	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: NewNotifier(), log: opts.Logger, now: opts.Now}
+	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: NewNotifier(), log: opts.Logger, now: opts.Now,
+		passwords: newPasswordPool(opts.BcryptConcurrency)}
 	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
 	if s.fed != nil {
 		so := opts.Sender

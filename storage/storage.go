@@ -18,6 +18,8 @@ var (
 	ErrNotFound = errors.New("storage: not found")
 	// ErrUserExists is returned when an account with that user ID exists.
 	ErrUserExists = errors.New("storage: user exists")
+	// ErrDeactivated is returned for an account that was deactivated.
+	ErrDeactivated = errors.New("storage: account deactivated")
 	// ErrTooNew is returned when the database schema is newer than this binary.
 	ErrTooNew = errors.New("storage: database schema is newer than this program")
 )
@@ -55,6 +57,15 @@ type NewLogin struct {
 type LoginResult struct {
 	DeviceCreated bool
 	Pos           StreamPos // position of the device-list change, 0 if none
+}
+
+// UIASession is a user-interactive auth session and the request it was
+// started for, as a hash (see the keyserver package).
+type UIASession struct {
+	ID          string
+	UserID      string // "" for a registration
+	RequestHash string
+	ExpiresTS   int64 // milliseconds
 }
 
 // Key is a one-time or fallback key of a device.
@@ -211,9 +222,34 @@ type Database interface {
 	// Accounts.
 	CreateAccount(ctx context.Context, userID, passwordHash string, login *NewLogin) (LoginResult, error)
 	AccountExists(ctx context.Context, userID string) (bool, error)
+	// PasswordHash returns the user's password hash, ErrNotFound without an
+	// account, ErrDeactivated when it was deactivated.
 	PasswordHash(ctx context.Context, userID string) (string, error)
+	// ChangePassword sets the user's password hash and, with logoutOthers,
+	// deletes every device but keepDevice (as DeleteDevices does), in one
+	// transaction. It returns the position of the last device-list change.
+	ChangePassword(ctx context.Context, userID, passwordHash, keepDevice string, logoutOthers bool) (StreamPos, error)
+	// DeactivateAccount deletes everything of the user (devices, tokens,
+	// keys, sessions) and marks the account deactivated, with an empty
+	// password hash so that its ID stays taken, in one transaction. It
+	// returns the position of the last device-list change.
+	DeactivateAccount(ctx context.Context, userID string, now int64) (StreamPos, error)
+	// JoinedRooms lists the rooms the user is joined to.
+	JoinedRooms(ctx context.Context, userID string) ([]string, error)
+
+	// User-interactive auth sessions, shared by the daemons using the
+	// database. CreateUIASession also deletes the sessions expired at now.
+	CreateUIASession(ctx context.Context, session UIASession, now int64) error
+	// UIASession returns a session, ErrNotFound when it is unknown or
+	// expired at now.
+	UIASession(ctx context.Context, sessionID string, now int64) (UIASession, error)
+	// ConsumeUIASession deletes a completed session; false when it was
+	// gone already (another request completed it).
+	ConsumeUIASession(ctx context.Context, sessionID string) (bool, error)
 
 	// Devices and access tokens.
+	// Login logs a device in; ErrDeactivated when the account was
+	// deactivated meanwhile.
 	Login(ctx context.Context, login NewLogin) (LoginResult, error)
 	TokenOwner(ctx context.Context, tokenHash string) (userID, deviceID string, err error)
 	Devices(ctx context.Context, userID string) ([]Device, error)

@@ -198,6 +198,11 @@ func (b *bench) do(ctx context.Context, method, path, token string, body, out an
 	if err != nil {
 		return err
 	}
+	if resp.StatusCode == http.StatusTooManyRequests && (strings.HasSuffix(path, "/register") || strings.HasSuffix(path, "/login")) {
+		return fmt.Errorf("%s %s: %d %s (set-up registers and logs in every user from one address: start the daemon "+
+			"with --client-api-registration-rate-limit-per-second 0 --client-api-login-rate-limit-per-second 0, as scripts/bench.sh does)",
+			method, path, resp.StatusCode, bytes.TrimSpace(raw))
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(raw))
 	}

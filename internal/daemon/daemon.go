@@ -223,6 +223,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
 		LaxKeyValidation:          !cfg.Keys.StrictValidation,
 		SendWait:                  cfg.Federation.SendWait.Duration(),
+		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
+		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
 		Logger:                    log,
 	}
 	if so.tune != nil {
@@ -238,6 +240,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),
 			WriteTimeout:    cfg.ClientAPI.WriteTimeout.Duration(),
 			TrustedProxies:  iprange.MustParse(cfg.ClientAPI.TrustedProxies),
+			LoginLimit:      limiter(cfg.ClientAPI.LoginRateLimit),
+			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
 		}),
@@ -309,6 +313,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		"database":    store.Dialect(),
 	}).Info("keyserver started")
 	return d, nil
+}
+
+// limiter makes the limiter a rate-limit setting describes.
+func limiter(rl config.RateLimit) *ratelimit.Limiter {
+	return ratelimit.New(rl.PerSecond, rl.Burst, nil)
 }
 
 func oldVerifyKeys(cfg *config.Config) map[string]federationapi.OldVerifyKey {

@@ -77,6 +77,9 @@ const StatusClientClosedRequest = 499
 func Error(w http.ResponseWriter, r *http.Request, err error) {
 	var me *mxerr.Error
 	if errors.As(err, &me) {
+		if ms, ok := me.Extra["retry_after_ms"].(int64); ok && me.Status == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", strconv.FormatInt((ms+999)/1000, 10))
+		}
 		JSON(w, me.Status, me.Body())
 		return
 	}
@@ -100,11 +103,7 @@ func Error(w http.ResponseWriter, r *http.Request, err error) {
 // LimitExceeded answers 429 M_LIMIT_EXCEEDED with the wait in both the
 // Retry-After header and the body's retry_after_ms.
 func LimitExceeded(w http.ResponseWriter, r *http.Request, wait time.Duration) {
-	secs := int64((wait + time.Second - 1) / time.Second)
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	e := mxerr.New(http.StatusTooManyRequests, "M_LIMIT_EXCEEDED", "too many requests; retry in %d ms", wait.Milliseconds())
-	e.Extra = map[string]any{"retry_after_ms": wait.Milliseconds()}
-	Error(w, r, e)
+	Error(w, r, mxerr.LimitExceeded(wait))
 }
 
 // ReadBody reads a request body of at most limit bytes.

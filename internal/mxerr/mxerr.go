@@ -6,6 +6,7 @@ package mxerr
 import (
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Error is a Matrix error response.
@@ -77,4 +78,12 @@ func InvalidUsername(format string, a ...any) *Error {
 }
 func Unknown(format string, a ...any) *Error {
 	return New(http.StatusBadRequest, "M_UNKNOWN", format, a...)
+}
+
+// LimitExceeded is 429 M_LIMIT_EXCEEDED with the wait in retry_after_ms
+// (the HTTP layer adds it as Retry-After too).
+func LimitExceeded(wait time.Duration) *Error {
+	e := New(http.StatusTooManyRequests, "M_LIMIT_EXCEEDED", "too many requests; retry in %d ms", wait.Milliseconds())
+	e.Extra = map[string]any{"retry_after_ms": wait.Milliseconds()}
+	return e
 }

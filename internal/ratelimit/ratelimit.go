@@ -39,6 +39,16 @@ func New(rate float64, burst int, now func() time.Time) *Limiter {
 // Allow takes a token for key. When none is left it returns false and how
 // long until one is.
 func (l *Limiter) Allow(key string) (bool, time.Duration) {
+	return l.take(key, true)
+}
+
+// Peek reports what Allow would, without taking a token: for limits on
+// failures, which are checked before the attempt and counted after it.
+func (l *Limiter) Peek(key string) (bool, time.Duration) {
+	return l.take(key, false)
+}
+
+func (l *Limiter) take(key string, take bool) (bool, time.Duration) {
 	if l == nil || l.rate <= 0 {
 		return true, 0
 	}
@@ -54,7 +64,9 @@ func (l *Limiter) Allow(key string) (bool, time.Duration) {
 	b.tokens = min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
 	b.at = now
 	if b.tokens >= 1 {
-		b.tokens--
+		if take {
+			b.tokens--
+		}
 		return true, 0
 	}
 	wait := time.Duration((1 - b.tokens) / l.rate * float64(time.Second))

@@ -37,3 +37,18 @@ func TestTokenBucket(t *testing.T) {
 		t.Fatal("a zero rate should allow everything")
 	}
 }
+
+func TestPeekTakesNothing(t *testing.T) {
+	now := time.Unix(0, 0)
+	l := New(1, 2, func() time.Time { return now })
+	for i := 0; i < 5; i++ {
+		if ok, _ := l.Peek("a"); !ok {
+			t.Fatalf("peek %d refused", i)
+		}
+	}
+	l.Allow("a")
+	l.Allow("a")
+	if ok, wait := l.Peek("a"); ok || wait != time.Second {
+		t.Fatalf("peek with the bucket empty: %v %v", ok, wait)
+	}
+}

@@ -51,6 +51,10 @@ func StartNode(t testing.TB, db Database, adjust func(*config.Config)) *Node {
 	cfg.ClientAPI.Listen = "127.0.0.1:0"
 	// Tests poll for conditions faster than any client would.
 	cfg.ClientAPI.RateLimitPerSecond = 0
+	// Tests log in many users from one address.
+	cfg.ClientAPI.LoginRateLimit.PerSecond = 0
+	cfg.ClientAPI.RegistrationRateLimit.PerSecond = 0
+	cfg.ClientAPI.FailedLoginRateLimit.PerSecond = 0
 	if adjust != nil {
 		adjust(cfg)
 	}

@@ -40,6 +40,25 @@ type ServerOptions struct {
 	// LaxKeyValidation checks only the shape of uploaded keys
 	// (keys.strict_validation: false).
 	LaxKeyValidation bool
+	// Limits of /login and /register per remote address and of wrong
+	// passwords per account: off unless set, since tests log in many
+	// users from one address.
+	Login, Register, FailedLogins RateLimit
+	// BcryptConcurrency bounds the password hashes computed at once
+	// (0: the daemon's default).
+	BcryptConcurrency int
+	// Now is the domain's clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// RateLimit is a token bucket of a test server (off when PerSecond is 0).
+type RateLimit struct {
+	PerSecond float64
+	Burst     int
+}
+
+func (rl RateLimit) limiter(now func() time.Time) *ratelimit.Limiter {
+	return ratelimit.New(rl.PerSecond, rl.Burst, now)
 }
 
 // Server is a client API on a loopback listener, backed by a real store.
@@ -63,15 +82,19 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	ks := keyserver.New(store, keyserver.Options{
-		ServerName:       o.ServerName,
-		RegistrationOpen: !o.RegistrationClosed,
-		BcryptCost:       4, // the minimum: tests check passwords, not bcrypt's strength
-		MaxOneTimeKeys:   o.MaxOneTimeKeys,
-		Logger:           log,
-		LaxKeyValidation: o.LaxKeyValidation,
+		ServerName:        o.ServerName,
+		RegistrationOpen:  !o.RegistrationClosed,
+		BcryptCost:        4, // the minimum: tests check passwords, not bcrypt's strength
+		MaxOneTimeKeys:    o.MaxOneTimeKeys,
+		Logger:            log,
+		Now:               o.Now,
+		FailedLogins:      o.FailedLogins.limiter(o.Now),
+		BcryptConcurrency: o.BcryptConcurrency,
+		LaxKeyValidation:  o.LaxKeyValidation,
 	})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
-		RateLimit: ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
+		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
+		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {

@@ -42,10 +42,85 @@ func (s *Store) AccountExists(ctx context.Context, userID string) (_ bool, err e
 	return n > 0, err
 }
 
-// PasswordHash returns the user's password hash, or storage.ErrNotFound.
+// PasswordHash returns the user's password hash, storage.ErrNotFound or
+// storage.ErrDeactivated.
 func (s *Store) PasswordHash(ctx context.Context, userID string) (_ string, err error) {
 	defer named("PasswordHash", &err)
 	var h string
-	err = s.q.QueryRowContext(ctx, `SELECT password_hash FROM accounts WHERE user_id = $1`, userID).Scan(&h)
+	var deactivated int64
+	err = s.q.QueryRowContext(ctx, `SELECT password_hash, deactivated_ts FROM accounts WHERE user_id = $1`, userID).
+		Scan(&h, &deactivated)
+	if err == nil && deactivated != 0 {
+		return "", storage.ErrDeactivated
+	}
 	return h, notFound(err)
+}
+
+// ChangePassword sets a password and, with logoutOthers, logs out every
+// device but keepDevice.
+func (s *Store) ChangePassword(ctx context.Context, userID, passwordHash, keepDevice string, logoutOthers bool) (_ storage.StreamPos, err error) {
+	defer named("ChangePassword", &err)
+	var pos storage.StreamPos
+	err = s.write(ctx, func(tx *txn) error {
+		pos = 0
+		r, err := tx.ExecContext(ctx, `UPDATE accounts SET password_hash = $1 WHERE user_id = $2 AND deactivated_ts = 0`,
+			passwordHash, userID)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return storage.ErrNotFound
+		}
+		if !logoutOthers {
+			return nil
+		}
+		others, err := s.txUserList(ctx, tx, `SELECT device_id FROM devices WHERE user_id = $1 AND device_id <> $2`, userID, keepDevice)
+		if err != nil || len(others) == 0 {
+			return err
+		}
+		_, pos, err = s.deleteDevices(ctx, tx, userID, others)
+		return err
+	})
+	return pos, err
+}
+
+// DeactivateAccount deletes everything of a user and keeps the account row,
+// marked deactivated, so that the user ID is never registered again.
+func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64) (_ storage.StreamPos, err error) {
+	defer named("DeactivateAccount", &err)
+	var pos storage.StreamPos
+	err = s.write(ctx, func(tx *txn) error {
+		r, err := tx.ExecContext(ctx,
+			`UPDATE accounts SET password_hash = '', deactivated_ts = $1 WHERE user_id = $2 AND deactivated_ts = 0`,
+			max(now, 1), userID)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return storage.ErrNotFound
+		}
+		// Every device with its tokens and keys, each deletion queued for
+		// the servers sharing a room with the user.
+		if _, pos, err = s.deleteDevices(ctx, tx, userID, nil); err != nil {
+			return err
+		}
+		// A token always has its device; still, none may outlive the account.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM access_tokens WHERE user_id = $1`, userID); err != nil {
+			return err
+		}
+		if err := s.revokeTokens(ctx, tx, userID); err != nil {
+			return err
+		}
+		// Key backups and to-device messages, once they are stored, are
+		// deleted here too, in this transaction.
+		_, err = tx.ExecContext(ctx, `DELETE FROM uia_sessions WHERE user_id = $1`, userID)
+		return err
+	})
+	return pos, err
+}
+
+// JoinedRooms lists the rooms a user is joined to.
+func (s *Store) JoinedRooms(ctx context.Context, userID string) (_ []string, err error) {
+	defer named("JoinedRooms", &err)
+	return s.userList(ctx, `SELECT room_id FROM memberships WHERE user_id = $1 AND membership = $2`, userID, storage.MembershipJoin)
 }

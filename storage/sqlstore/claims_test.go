@@ -80,7 +80,8 @@ func TestClaimsAfterMigratingToSchema5(t *testing.T) {
 			t.Fatal(err)
 		}
 		const u = "@a:x"
-		if _, err := old.Login(ctx, storage.NewLogin{UserID: u, DeviceID: "D1", TokenHash: "t"}); err != nil {
+		// Written as that release did: today's Login needs today's schema.
+		if _, err := old.DB().Exec(`INSERT INTO devices (user_id, device_id, created_ts, last_seen_ts) VALUES ($1, 'D1', 0, 0)`, u); err != nil {
 			t.Fatal(err)
 		}
 		upload(t, old, u, "D1", keysNamed("Z", 2, "alg"))

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -14,7 +15,18 @@ func (s *Store) Login(ctx context.Context, login storage.NewLogin) (_ storage.Lo
 	defer named("Login", &err)
 	var res storage.LoginResult
 	err = s.write(ctx, func(tx *txn) error {
-		var err error
+		// The lock orders this login with a deactivation (which updates
+		// the row first): a login checked just before it cannot leave a
+		// device behind on the closed account.
+		var deactivated int64
+		err := tx.QueryRowContext(ctx, `SELECT deactivated_ts FROM accounts WHERE user_id = $1`+s.d.forUpdate, login.UserID).
+			Scan(&deactivated)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if deactivated != 0 {
+			return storage.ErrDeactivated
+		}
 		res, err = s.login(ctx, tx, login)
 		return err
 	})
@@ -199,45 +211,58 @@ func (s *Store) DeleteDevices(ctx context.Context, userID string, deviceIDs []st
 		return nil, 0, nil
 	}
 	err = s.write(ctx, func(tx *txn) error {
-		deleted = nil
-		query := `SELECT device_id FROM devices WHERE user_id = $1`
-		if deviceIDs != nil {
-			query += ` AND device_id IN (` + placeholders(2, len(deviceIDs)) + `)`
-		}
-		rows, err := tx.QueryContext(ctx, query+` ORDER BY device_id`+s.d.forUpdate, args([]any{userID}, deviceIDs)...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return err
-			}
-			deleted = append(deleted, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if len(deleted) == 0 {
-			return nil
-		}
-		in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
-		for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "devices"} {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
-				return err
-			}
-		}
-		if err := s.revokeTokens(ctx, tx, userID); err != nil {
-			return err
-		}
-		for _, id := range deleted {
-			if pos, err = s.recordLocalChange(ctx, tx, userID, id, true); err != nil {
-				return err
-			}
-		}
-		return nil
+		var err error
+		deleted, pos, err = s.deleteDevices(ctx, tx, userID, deviceIDs)
+		return err
 	})
 	return deleted, pos, err
+}
+
+// deleteDevices is DeleteDevices in the caller's transaction.
+func (s *Store) deleteDevices(ctx context.Context, tx *txn, userID string, deviceIDs []string) ([]string, storage.StreamPos, error) {
+	var (
+		deleted []string
+		pos     storage.StreamPos
+	)
+	if deviceIDs != nil && len(deviceIDs) == 0 {
+		return nil, 0, nil
+	}
+	query := `SELECT device_id FROM devices WHERE user_id = $1`
+	if deviceIDs != nil {
+		query += ` AND device_id IN (` + placeholders(2, len(deviceIDs)) + `)`
+	}
+	rows, err := tx.QueryContext(ctx, query+` ORDER BY device_id`+s.d.forUpdate, args([]any{userID}, deviceIDs)...)
+	if err != nil {
+		return nil, 0, err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		deleted = append(deleted, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	if len(deleted) == 0 {
+		return nil, 0, nil
+	}
+	in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
+	for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "devices"} {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
+			return nil, 0, err
+		}
+	}
+	if err := s.revokeTokens(ctx, tx, userID); err != nil {
+		return nil, 0, err
+	}
+	for _, id := range deleted {
+		if pos, err = s.recordLocalChange(ctx, tx, userID, id, true); err != nil {
+			return nil, 0, err
+		}
+	}
+	return deleted, pos, nil
 }

@@ -217,6 +217,25 @@ SELECT user_id, device_id, algorithm, COUNT(*) FROM one_time_keys GROUP BY user_
 -- compare two columns of different collations.
 {{TEXT_AS_BYTES}}
 `},
+	{7, "user-interactive auth sessions, deactivated accounts", `
+-- user-interactive auth sessions, kept in the database so that a session
+-- started on one daemon completes on another sharing it. A session is
+-- bound to the request it was started for by request_hash, a SHA-256 over
+-- the session ID and that request's user, method, path and parameters: the
+-- parameters themselves (a new password) are never stored. A completed
+-- session is deleted; expired ones are deleted when new sessions start.
+CREATE TABLE uia_sessions (
+	session_id   {{TEXT}} PRIMARY KEY,
+	user_id      {{TEXT}} NOT NULL,
+	request_hash {{TEXT}} NOT NULL,
+	expires_ts   {{BIGINT}} NOT NULL
+);
+CREATE INDEX uia_sessions_expires ON uia_sessions (expires_ts);
+
+-- a deactivated account keeps its row, with an empty password hash, so its
+-- user ID is never registered again; 0 while the account is active
+ALTER TABLE accounts ADD COLUMN deactivated_ts {{BIGINT}} NOT NULL DEFAULT 0;
+`},
 	{12, "server-side key backups", `
 -- the last backup version number given to each user: versions count up
 -- from 1 and are never given twice, deleted ones included. Every change

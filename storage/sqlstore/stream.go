@@ -65,6 +65,8 @@ func (s *Store) DeviceListChanges(ctx context.Context, userID string, from, to s
 	return res, nil
 }
 
+// userList runs a query of one text column (user IDs, or other IDs) and
+// returns its values sorted.
 func (s *Store) userList(ctx context.Context, query string, params ...any) ([]string, error) {
 	rows, err := s.q.QueryContext(ctx, query, params...)
 	if err != nil {
