@@ -551,3 +551,29 @@ func TestKeyBackupServedByTheDaemon(t *testing.T) {
 		}
 	})
 }
+
+// Deactivating an account deletes its key backups, and nobody else's.
+func TestKeyBackupGoesWithTheAccount(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := backupClient{t, srv, srv.Register(t, "alice", "")}
+		bob := backupClient{t, srv, srv.Register(t, "bob", "")}
+		for _, u := range []backupClient{alice, bob} {
+			v := u.create(map[string]any{})
+			u.must("PUT", keysPath(v, "!room:x", "s"), backupKey(0, 0, false, "c"))
+		}
+		path := acctV3 + "/account/deactivate"
+		session := acctExpectChallenge(t, srv.Do(t, "POST", path, alice.u.Token, map[string]any{}), "m.login.password")
+		srv.Must(t, "POST", path, alice.u.Token, map[string]any{"auth": acctPasswordAuth("alice", alice.u.Password, session)})
+		var versions int
+		if err := srv.Store.DB().QueryRow(`SELECT COUNT(*) FROM backup_versions WHERE user_id = $1`, alice.u.UserID).Scan(&versions); err != nil {
+			t.Fatal(err)
+		}
+		if n := backupKeyRows(t, srv); versions != 0 || n != 1 {
+			t.Fatalf("after alice's deactivation: %d of her versions, %d keys (want bob's 1)", versions, n)
+		}
+		if etag, count := bob.state("1"); etag != "1" || count != 1 {
+			t.Fatalf("bob's backup: etag %s count %d", etag, count)
+		}
+	})
+}

@@ -111,8 +111,11 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 		if err := s.revokeTokens(ctx, tx, userID); err != nil {
 			return err
 		}
-		// Key backups and to-device messages, once they are stored, are
-		// deleted here too, in this transaction.
+		// Key backups go too; to-device messages, once they are stored,
+		// are deleted here as well, in this transaction.
+		if err := s.deleteUserBackups(ctx, tx, userID); err != nil {
+			return err
+		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM uia_sessions WHERE user_id = $1`, userID)
 		return err
 	})
