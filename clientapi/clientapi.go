@@ -14,6 +14,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
@@ -41,8 +42,10 @@ type Options struct {
 	// requests of each remote address; nil: no limit.
 	LoginLimit, RegisterLimit *ratelimit.Limiter
 	Logger                    logrus.FieldLogger
-	// KeyBackup serves /room_keys; nil: not served.
-	KeyBackup *keybackup.Service
+	// KeyBackup serves /room_keys, AccountData the account data
+	// endpoints; nil: not served.
+	KeyBackup   *keybackup.Service
+	AccountData *accountdata.Service
 }
 
 // API serves the client-server API.
@@ -104,6 +107,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
+		a.accountDataRoutes(s)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/fedclient"
@@ -225,6 +226,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		SendWait:                  cfg.Federation.SendWait.Duration(),
 		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
 		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
+		AccountData:               store,
 		Logger:                    log,
 	}
 	if so.tune != nil {
@@ -244,6 +246,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
+			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

@@ -7,8 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keybackup"
+	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -39,6 +41,8 @@ func TestErrorsNameTheOperation(t *testing.T) {
 		for _, iface := range []reflect.Type{
 			reflect.TypeOf((*storage.Database)(nil)).Elem(),
 			reflect.TypeOf((*keybackup.Store)(nil)).Elem(),
+			reflect.TypeOf((*accountdata.Store)(nil)).Elem(),
+			reflect.TypeOf((*keyserver.AccountDataSource)(nil)).Elem(),
 		} {
 			for i := 0; i < iface.NumMethod(); i++ {
 				methods = append(methods, iface.Method(i).Name)

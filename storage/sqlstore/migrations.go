@@ -270,6 +270,20 @@ CREATE TABLE backup_keys (
 	PRIMARY KEY (user_id, version, room_id, session_id)
 );
 `},
+	{13, "account data", `
+-- the newest content of each account data type of a user, global (room_id
+-- empty) or per room; pos is the stream position of its last change, from
+-- the same counter as device-list changes, so that /sync tokens cover it
+CREATE TABLE account_data (
+	user_id   {{TEXT}} NOT NULL,
+	room_id   {{TEXT}} NOT NULL,
+	data_type {{TEXT}} NOT NULL,
+	content   {{TEXT}} NOT NULL,
+	pos       {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, room_id, data_type)
+);
+CREATE INDEX account_data_changes ON account_data (user_id, pos);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
