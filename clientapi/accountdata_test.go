@@ -237,3 +237,29 @@ func TestAccountDataWakesSyncOnAnotherDaemon(t *testing.T) {
 		t.Fatalf("the sync on the other daemon answered %s", ev)
 	}
 }
+
+// Deactivating an account deletes its account data, and nobody else's.
+func TestAccountDataGoesWithTheAccount(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		bob := srv.Register(t, "bob", "")
+		for _, u := range []*testutil.User{alice, bob} {
+			srv.Must(t, "PUT", accountDataPath(u.UserID, "", "m.secret_storage.default_key"), u.Token, map[string]any{"key": "k"})
+			srv.Must(t, "PUT", accountDataPath(u.UserID, "!room:x", "m.tag"), u.Token, map[string]any{"tags": map[string]any{}})
+		}
+		path := acctV3 + "/account/deactivate"
+		session := acctExpectChallenge(t, srv.Do(t, "POST", path, alice.Token, map[string]any{}), "m.login.password")
+		srv.Must(t, "POST", path, alice.Token, map[string]any{"auth": acctPasswordAuth("alice", alice.Password, session)})
+		count := func(userID string) int {
+			var n int
+			if err := srv.Store.DB().QueryRow(`SELECT COUNT(*) FROM account_data WHERE user_id = $1`, userID).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		if a, b := count(alice.UserID), count(bob.UserID); a != 0 || b != 2 {
+			t.Fatalf("after alice's deactivation: %d of her account data, %d of bob's (want 0 and 2)", a, b)
+		}
+	})
+}
