@@ -577,3 +577,74 @@ func TestKeyBackupGoesWithTheAccount(t *testing.T) {
 		}
 	})
 }
+
+// Concurrent requests of one user: each new version gets its own number,
+// and concurrent uploads leave the exact count and the best key of each
+// session.
+func TestKeyBackupConcurrentRequests(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := backupClient{t, srv, srv.Register(t, "alice", "")}
+		const workers = 6
+		versions := make(chan string, workers)
+		done := make(chan struct{})
+		for i := 0; i < workers; i++ {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				r := srv.Do(t, "POST", "/_matrix/client/v3/room_keys/version", alice.u.Token,
+					map[string]any{"algorithm": backupAlgorithm, "auth_data": map[string]any{}})
+				v, _ := r.Body["version"].(string)
+				versions <- v
+			}()
+		}
+		seen := map[string]bool{}
+		for i := 0; i < workers; i++ {
+			<-done
+			v := <-versions
+			if v == "" || seen[v] {
+				t.Fatalf("concurrent creations: version %q (seen %v)", v, seen)
+			}
+			seen[v] = true
+		}
+		v := fmt.Sprint(workers)
+		if r := alice.must("GET", "/version", nil); r["version"] != v {
+			t.Fatalf("current after %d creations: %v", workers, r["version"])
+		}
+
+		// Every worker uploads its own 5 sessions and its copy of 3 shared
+		// ones; worker i's shared copies have first_message_index i, so
+		// worker 0's win wherever they land in the order.
+		const room = "!room:test.local"
+		errs := make(chan string, workers)
+		for i := 0; i < workers; i++ {
+			go func() {
+				sessions := map[string]any{}
+				for j := 0; j < 5; j++ {
+					sessions[fmt.Sprintf("own-%d-%d", i, j)] = backupKey(0, 0, false, "own")
+				}
+				for j := 0; j < 3; j++ {
+					sessions[fmt.Sprintf("shared-%d", j)] = backupKey(i, 0, false, fmt.Sprint("worker", i))
+				}
+				r := srv.Do(t, "PUT", "/_matrix/client/v3/room_keys"+keysPath(v, room), alice.u.Token, map[string]any{"sessions": sessions})
+				if r.Status != http.StatusOK {
+					errs <- fmt.Sprintf("%d %s", r.Status, r.Raw)
+					return
+				}
+				errs <- ""
+			}()
+		}
+		for i := 0; i < workers; i++ {
+			if e := <-errs; e != "" {
+				t.Fatalf("concurrent upload: %s", e)
+			}
+		}
+		if _, count := alice.state(v); count != workers*5+3 {
+			t.Fatalf("count %d after concurrent uploads, want %d", count, workers*5+3)
+		}
+		for j := 0; j < 3; j++ {
+			if k := alice.must("GET", keysPath(v, room, fmt.Sprintf("shared-%d", j)), nil); ciphertext(t, k) != "worker0" {
+				t.Fatalf("shared session %d holds %v, want worker 0's", j, k)
+			}
+		}
+	})
+}

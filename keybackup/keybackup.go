@@ -11,7 +11,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/sirupsen/logrus"
@@ -322,16 +324,18 @@ func (s *Service) PutKeys(ctx context.Context, userID, version string, rooms map
 	if err != nil {
 		return KeysResult{}, err
 	}
+	// In order, so that of several mistakes the same one is reported.
 	var keys []storage.BackupKey
-	for roomID, room := range rooms {
+	for _, roomID := range slices.Sorted(maps.Keys(rooms)) {
+		room := rooms[roomID]
 		if room.Sessions == nil {
 			if err := checkIDs(roomID, ""); err != nil {
 				return KeysResult{}, err
 			}
 			return KeysResult{}, mxerr.MissingParam("sessions is required (room %q)", roomID)
 		}
-		for sessionID, d := range room.Sessions {
-			k, err := checkKey(roomID, sessionID, d)
+		for _, sessionID := range slices.Sorted(maps.Keys(room.Sessions)) {
+			k, err := checkKey(roomID, sessionID, room.Sessions[sessionID])
 			if err != nil {
 				return KeysResult{}, err
 			}
