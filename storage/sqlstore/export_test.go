@@ -18,3 +18,6 @@ func OpenAtSchema(ctx context.Context, uri string, v int) (*Store, error) {
 	migrations = migrations[:v]
 	return Open(ctx, uri, "x")
 }
+
+// MigrationCount is the number of migration steps this program knows.
+func MigrationCount() int { return len(migrations) }

@@ -236,6 +236,41 @@ CREATE INDEX uia_sessions_expires ON uia_sessions (expires_ts);
 -- user ID is never registered again; 0 while the account is active
 ALTER TABLE accounts ADD COLUMN deactivated_ts {{BIGINT}} NOT NULL DEFAULT 0;
 `},
+	{14, "cross-signing keys, signatures and their changes", `
+-- local users' cross-signing keys, one per usage (master, self_signing,
+-- user_signing), as canonical JSON with the signatures they came with
+CREATE TABLE cross_signing_keys (
+	user_id  {{TEXT}} NOT NULL,
+	usage    {{TEXT}} NOT NULL,
+	key_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, usage)
+);
+
+-- signatures uploaded apart from what they sign: on a local user's device
+-- (target_key_id is the device ID) or master key (its public key), by the
+-- signer's device or cross-signing key. Signatures by a replaced key stay,
+-- as Synapse keeps them; clients check them against the current keys.
+CREATE TABLE cross_signing_signatures (
+	target_user_id {{TEXT}} NOT NULL,
+	target_key_id  {{TEXT}} NOT NULL,
+	signer_user_id {{TEXT}} NOT NULL,
+	signer_key_id  {{TEXT}} NOT NULL,
+	signature      {{TEXT}} NOT NULL,
+	PRIMARY KEY (target_user_id, target_key_id, signer_user_id, signer_key_id)
+);
+
+-- changes of cross-signing keys, in the device-list stream: everyone
+-- sharing a room with the user is told, or with owner_only the user alone
+-- (user-signing keys and what they sign). Kept apart from
+-- device_list_changes, whose positions are the stream_ids other servers
+-- follow device by device.
+CREATE TABLE cross_signing_changes (
+	pos        {{BIGINT}} PRIMARY KEY,
+	user_id    {{TEXT}} NOT NULL,
+	owner_only BOOLEAN NOT NULL
+);
+CREATE INDEX cross_signing_changes_user ON cross_signing_changes (user_id, pos);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
