@@ -30,11 +30,13 @@ func (s *Service) FederationQueryKeys(ctx context.Context, users map[string][]st
 			local[u] = devices
 		}
 	}
-	keys, err := s.localDeviceKeys(ctx, local, s.opts.DeviceNamesOverFederation)
+	// Another server sees only public signatures, and never a
+	// user-signing key.
+	keys, err := s.localKeys(ctx, local, "", s.opts.DeviceNamesOverFederation)
 	if err != nil {
 		return FederationQueryResponse{}, err
 	}
-	return FederationQueryResponse{DeviceKeys: keys, MasterKeys: map[string]json.RawMessage{}, SelfSigningKeys: map[string]json.RawMessage{}}, nil
+	return FederationQueryResponse{DeviceKeys: keys.DeviceKeys, MasterKeys: keys.MasterKeys, SelfSigningKeys: keys.SelfSigningKeys}, nil
 }
 
 // FederationClaimKeys answers another server's claim, with the same
