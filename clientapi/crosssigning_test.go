@@ -239,7 +239,7 @@ func TestCrossSigningSignaturesUploadAndVisibility(t *testing.T) {
 				bMaster:      signedBob,
 				bob.DeviceID: testutil.SignWith(t, bobDevice, alice.UserID, ax.SelfSigning),
 			},
-			carol.UserID:            map[string]any{"XYZ": signedBob},
+			carol.UserID:           map[string]any{"XYZ": signedBob},
 			"@dave:remote.example": map[string]any{"K": signedBob},
 		})
 		failures, _ := r["failures"].(map[string]any)
