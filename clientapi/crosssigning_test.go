@@ -196,6 +196,17 @@ func TestCrossSigningReplacementNeedsPassword(t *testing.T) {
 		}
 		changed, _ = changesSince(t, srv, carol, from)
 		expectUsers(t, "changed after the replacement", changed, []string{alice.UserID})
+
+		// A new user-signing key is alice's business alone.
+		from = syncToken(t, srv, carol)
+		usk := map[string]any{"user_signing_key": testutil.SignWith(t,
+			testutil.KeyObject(alice.UserID, "user_signing", testutil.NewCrossSigning(alice.UserID).UserSigning), alice.UserID, next.Master)}
+		usk["auth"] = acctPasswordAuth("alice", alice.Password, "")
+		acctExpectEmptyOK(t, srv.Do(t, "POST", signingUploadPath, alice.Token, usk))
+		changed, _ = changesSince(t, srv, carol, from)
+		expectUsers(t, "carol's changes after alice's new user-signing key", changed, nil)
+		changed, _ = changesSince(t, srv, alice, from)
+		expectUsers(t, "alice's changes after her new user-signing key", changed, []string{alice.UserID})
 	})
 }
 
