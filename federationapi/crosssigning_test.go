@@ -1,8 +1,11 @@
 package federationapi_test
 
 import (
+	"fmt"
+	"net/http"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 )
@@ -103,4 +106,132 @@ func withoutSigs(v any) map[string]any {
 		}
 	}
 	return out
+}
+
+// A remote user's master and self-signing keys come with their device
+// list from their server (two real daemons here), are cached with it and
+// answered from the cache; their user-signing key is never asked for.
+func TestRemoteCrossSigningKeysCachedWithTheList(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, db, nil)
+		b := testutil.StartNode(t, testutil.SQLite(t), nil)
+		bob := a.Register(t, "bob", "")
+		alice := b.Register(t, "alice", "ALICEDEV")
+		b.Upload(t, alice, map[string]any{"device_keys": alice.DeviceKeys(t)})
+		ax := testutil.NewCrossSigning(alice.UserID)
+		b.Must(t, "POST", "/_matrix/client/v3/keys/device_signing/upload", alice.Token, ax.Upload(t))
+
+		for i := 0; i < 2; i++ {
+			r := query(t, a, bob, map[string][]string{alice.UserID: {}}, 10000)
+			if f := failuresOf(r); len(f) != 0 {
+				t.Fatalf("failures %v", f)
+			}
+			if m := r["master_keys"].(map[string]any)[alice.UserID]; canonical(t, m) != canonical(t, ax.MasterKey()) {
+				t.Errorf("query %d: master key %v", i, m)
+			}
+			if ssk := r["self_signing_keys"].(map[string]any)[alice.UserID]; canonical(t, ssk) != canonical(t, ax.SelfSigningKey(t)) {
+				t.Errorf("query %d: self-signing key %v", i, ssk)
+			}
+			if usk := r["user_signing_keys"].(map[string]any); len(usk) != 0 {
+				t.Errorf("query %d: user-signing keys %v", i, usk)
+			}
+		}
+		if n := b.Requests.Count("GET", devicesPath); n != 1 {
+			t.Errorf("%d /user/devices requests, want 1 (the second query from the cache)", n)
+		}
+	})
+}
+
+// crossSigningRemote is a remote server whose user's cross-signing keys the
+// test controls: /user/devices answers them, and EDUs announce new ones.
+type crossSigningRemote struct {
+	*testutil.Origin
+	user string
+	keys *testutil.CrossSigning
+	txn  int
+}
+
+func newCrossSigningRemote(t *testing.T) *crossSigningRemote {
+	f := &crossSigningRemote{Origin: testutil.NewOrigin(t)}
+	f.user = "@xavier:" + f.Name
+	f.keys = testutil.NewCrossSigning(f.user)
+	f.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, map[string]any{"user_id": f.user, "stream_id": 1, "devices": []any{},
+			"master_key": f.keys.MasterKey(), "self_signing_key": f.keys.SelfSigningKey(t)})
+	})
+	return f
+}
+
+func (f *crossSigningRemote) send(t *testing.T, n *testutil.Node, content map[string]any) {
+	t.Helper()
+	f.txn++
+	body := map[string]any{"origin": f.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": []any{},
+		"edus": []any{map[string]any{"edu_type": "m.signing_key_update", "content": content}}}
+	r := testutil.SendTo(t, n, f.SignedRequest(t, "PUT", n.ServerName, fmt.Sprintf("/_matrix/federation/v1/send/x%d", f.txn), body, "", nil))
+	if r.Status != 200 {
+		t.Fatalf("/send: %d %s", r.Status, r.Raw)
+	}
+}
+
+// An incoming m.signing_key_update replaces the cached keys once /send has
+// answered, and is a change for local users sharing a room with its user;
+// one with keys that do not check out, or about a user of another server,
+// changes nothing.
+func TestIncomingSigningKeyUpdate(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, db, nil)
+		alice := a.Register(t, "alice", "")
+		x := newCrossSigningRemote(t)
+		a.Join(t, "!room:x", alice.UserID)
+		a.Join(t, "!room:x", x.user)
+		eventually(t, "the first resync", func() bool { return notStale(a, x.user) })
+		masterOf := func() any {
+			t.Helper()
+			r := query(t, a, alice, map[string][]string{x.user: {}}, 10000)
+			return r["master_keys"].(map[string]any)[x.user]
+		}
+		if m := masterOf(); canonical(t, m) != canonical(t, x.keys.MasterKey()) {
+			t.Fatalf("cached master key %v", m)
+		}
+		changedSince := func(from string) []any {
+			t.Helper()
+			to := a.Must(t, "GET", "/_matrix/client/v3/sync", alice.Token, nil)["next_batch"].(string)
+			r := a.Must(t, "GET", "/_matrix/client/v3/keys/changes?from="+from+"&to="+to, alice.Token, nil)
+			return r["changed"].([]any)
+		}
+
+		next := testutil.NewCrossSigning(x.user)
+		other := testutil.NewCrossSigning(x.user)
+		from := a.Must(t, "GET", "/_matrix/client/v3/sync", alice.Token, nil)["next_batch"].(string)
+		// Refused: a self-signing key not signed by the master key, a
+		// master key of another user, an update about another server's user.
+		x.send(t, a, map[string]any{"user_id": x.user, "master_key": next.MasterKey(),
+			"self_signing_key": testutil.SignWith(t, testutil.KeyObject(x.user, "self_signing", next.SelfSigning), x.user, other.Master)})
+		x.send(t, a, map[string]any{"user_id": x.user, "master_key": testutil.NewCrossSigning("@else:" + x.Name).MasterKey()})
+		x.send(t, a, map[string]any{"user_id": "@xavier:elsewhere.example", "master_key": next.MasterKey()})
+		if m := masterOf(); canonical(t, m) != canonical(t, x.keys.MasterKey()) {
+			t.Fatalf("a refused update changed the master key: %v", m)
+		}
+		if ch := changedSince(from); len(ch) != 0 {
+			t.Fatalf("refused updates are changes: %v", ch)
+		}
+
+		x.send(t, a, map[string]any{"user_id": x.user, "master_key": next.MasterKey(), "self_signing_key": next.SelfSigningKey(t)})
+		if m := masterOf(); canonical(t, m) != canonical(t, next.MasterKey()) {
+			t.Fatalf("master key after the update %v", m)
+		}
+		r := query(t, a, alice, map[string][]string{x.user: {}}, 10000)
+		if ssk := r["self_signing_keys"].(map[string]any)[x.user]; canonical(t, ssk) != canonical(t, next.SelfSigningKey(t)) {
+			t.Errorf("self-signing key after the update %v", ssk)
+		}
+		if ch := changedSince(from); len(ch) != 1 || ch[0] != x.user {
+			t.Errorf("changed after the update: %v, want [%s]", ch, x.user)
+		}
+		// The same keys again are no change.
+		from = a.Must(t, "GET", "/_matrix/client/v3/sync", alice.Token, nil)["next_batch"].(string)
+		x.send(t, a, map[string]any{"user_id": x.user, "master_key": next.MasterKey()})
+		if ch := changedSince(from); len(ch) != 0 {
+			t.Errorf("an identical update is a change: %v", ch)
+		}
+	})
 }

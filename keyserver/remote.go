@@ -1,6 +1,7 @@
 package keyserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/storage"
@@ -90,6 +92,12 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 				keys[d.DeviceID] = js
 			}
 			res.DeviceKeys[userID] = keys
+			if m := l.CrossSigning[storage.UsageMaster]; m != nil {
+				res.MasterKeys[userID] = m
+			}
+			if ssk := l.CrossSigning[storage.UsageSelfSigning]; ssk != nil {
+				res.SelfSigningKeys[userID] = ssk
+			}
 		}
 	}
 }
@@ -216,7 +224,52 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: dk.Canonical})
 	}
 	sort.Slice(list.Devices, func(i, j int) bool { return list.Devices[i].DeviceID < list.Devices[j].DeviceID })
+	keys, err := checkRemoteCrossSigning(userID, nil, resp.MasterKey, resp.SelfSigningKey)
+	if err != nil {
+		// The devices are still good; the keys are left out, and asked
+		// for again with the next fetch.
+		s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "error": err.Error()}).
+			Warn("ignored a remote user's bad cross-signing keys")
+	} else if len(keys) > 0 {
+		list.CrossSigning = keys
+	}
 	return list, nil
+}
+
+// checkRemoteCrossSigning checks the master and self-signing keys another
+// server gave for its user (either may be missing), as uploads are
+// checked: the user's, in the right slot, one ed25519 key, the
+// self-signing key signed by the master key sent along or else by
+// cachedMaster. It returns them by usage as canonical JSON.
+func checkRemoteCrossSigning(userID string, cachedMaster []byte, master, ssk json.RawMessage) (map[string][]byte, error) {
+	present := func(raw json.RawMessage) bool {
+		t := bytes.TrimSpace(raw)
+		return len(t) > 0 && string(t) != "null"
+	}
+	out := map[string][]byte{}
+	m := crosssigning.ParseStored(cachedMaster, storage.UsageMaster)
+	if present(master) {
+		k, err := crosssigning.Parse("master_key", master, storage.UsageMaster, userID)
+		if err != nil {
+			return nil, err
+		}
+		m = k
+		out[storage.UsageMaster] = k.Canonical
+	}
+	if present(ssk) {
+		k, err := crosssigning.Parse("self_signing_key", ssk, storage.UsageSelfSigning, userID)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			return nil, errors.New("a self-signing key without a master key")
+		}
+		if err := crosssigning.CheckSignedByMaster("self_signing_key", k, m); err != nil {
+			return nil, err
+		}
+		out[storage.UsageSelfSigning] = k.Canonical
+	}
+	return out, nil
 }
 
 // claimRemote claims keys of remote devices, one batched request per

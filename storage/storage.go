@@ -159,6 +159,9 @@ type RemoteDeviceList struct {
 	// so the user's server sends us their changes.
 	SharesRoom bool
 	Devices    []RemoteDevice
+	// CrossSigning maps UsageMaster and UsageSelfSigning to the user's
+	// keys as canonical JSON, when their server gave them.
+	CrossSigning map[string][]byte
 }
 
 // MembershipResult tells what a membership change did.
@@ -365,6 +368,13 @@ type Database interface {
 	// ApplyRemoteDeviceUpdate applies one m.device_list_update, or says the
 	// user must be resynced because its prev_id names an unseen update.
 	ApplyRemoteDeviceUpdate(ctx context.Context, u RemoteDeviceUpdate) (ApplyResult, error)
+	// UpdateRemoteCrossSigning replaces the cached cross-signing keys of a
+	// remote user whose device list is cached (m.signing_key_update); keys
+	// maps usages to canonical JSON, and usages not named are kept. A
+	// difference is a change for local users sharing a room with the
+	// user (returned position); an identical key, or a user without a
+	// cached list, changes nothing.
+	UpdateRemoteCrossSigning(ctx context.Context, userID string, keys map[string][]byte) (StreamPos, error)
 	// SharesRoomWithLocal reports whether a local user shares a room with userID.
 	SharesRoomWithLocal(ctx context.Context, userID string) (bool, error)
 

@@ -270,6 +270,15 @@ CREATE TABLE cross_signing_changes (
 	owner_only BOOLEAN NOT NULL
 );
 CREATE INDEX cross_signing_changes_user ON cross_signing_changes (user_id, pos);
+
+-- remote users' master and self-signing keys, cached with their device
+-- list (from /user/devices and m.signing_key_update) and dropped with it
+CREATE TABLE remote_cross_signing_keys (
+	user_id  {{TEXT}} NOT NULL,
+	usage    {{TEXT}} NOT NULL,
+	key_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, usage)
+);
 `},
 }
 

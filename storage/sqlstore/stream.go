@@ -149,7 +149,7 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 				}
 			}
 			if membership == storage.MembershipLeave && !shares {
-				for _, table := range []string{"remote_devices", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
+				for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
 					if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id = $1`, u); err != nil {
 						return err
 					}
