@@ -266,7 +266,7 @@ func TestCrossSigningSignaturesUploadAndVisibility(t *testing.T) {
 		for _, c := range []struct{ user, key, code string }{
 			{alice.UserID, alice.DeviceID, ""}, {alice.UserID, aMaster, ""}, {bob.UserID, bMaster, ""},
 			{alice.UserID, "NOSUCHDEVICE", "M_NOT_FOUND"}, {carol.UserID, "XYZ", "M_NOT_FOUND"},
-			{bob.UserID, bob.DeviceID, "M_UNKNOWN"}, {"@dave:remote.example", "K", "M_UNKNOWN"},
+			{bob.UserID, bob.DeviceID, "M_UNKNOWN"}, {"@dave:remote.example", "K", "M_NOT_FOUND"},
 		} {
 			if got := code(c.user, c.key); got != c.code {
 				t.Errorf("failure of %s %s: %q, want %q (%v)", c.user, c.key, got, c.code, failures)

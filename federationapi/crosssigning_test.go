@@ -139,6 +139,43 @@ func TestRemoteCrossSigningKeysCachedWithTheList(t *testing.T) {
 		if n := b.Requests.Count("GET", devicesPath); n != 1 {
 			t.Errorf("%d /user/devices requests, want 1 (the second query from the cache)", n)
 		}
+
+		// Bob verifies alice: his user-signing key signs her cached master
+		// key. The signature stays on A, shown to bob alone.
+		bx := testutil.NewCrossSigning(bob.UserID)
+		a.Must(t, "POST", "/_matrix/client/v3/keys/device_signing/upload", bob.Token, bx.Upload(t))
+		carol := a.Register(t, "carol", "")
+		from := a.Must(t, "GET", "/_matrix/client/v3/sync", bob.Token, nil)["next_batch"].(string)
+		signed := testutil.SignWith(t, ax.MasterKey(), bob.UserID, bx.UserSigning)
+		r := a.Must(t, "POST", "/_matrix/client/v3/keys/signatures/upload", bob.Token, map[string]any{
+			alice.UserID: map[string]any{testutil.PublicKey(ax.Master): signed,
+				"ALICEDEV": testutil.SignWith(t, withoutSigs(alice.DeviceKeys(t)), bob.UserID, bx.UserSigning)}})
+		f, _ := r["failures"].(map[string]any)
+		if mine, _ := f[alice.UserID].(map[string]any); len(mine) != 1 || mine["ALICEDEV"] == nil {
+			t.Fatalf("failures %v, want alice's device alone", f)
+		}
+		uskID := "ed25519:" + testutil.PublicKey(bx.UserSigning)
+		want := signed["signatures"].(map[string]any)[bob.UserID].(map[string]any)[uskID]
+		for _, viewer := range []*testutil.User{bob, carol} {
+			r := query(t, a, viewer, map[string][]string{alice.UserID: {}}, 10000)
+			m, _ := r["master_keys"].(map[string]any)[alice.UserID].(map[string]any)
+			sigs, _ := m["signatures"].(map[string]any)
+			got, _ := sigs[bob.UserID].(map[string]any)
+			if viewer == bob && got[uskID] != want {
+				t.Errorf("bob does not see his signature on alice's master key: %v", m)
+			}
+			if viewer == carol && got != nil {
+				t.Errorf("carol sees bob's signature on alice's master key: %v", m)
+			}
+			if canonical(t, withoutSigs(m)) != canonical(t, withoutSigs(ax.MasterKey())) {
+				t.Errorf("alice's master key as %s sees it: %v", viewer.UserID, m)
+			}
+		}
+		to := a.Must(t, "GET", "/_matrix/client/v3/sync", bob.Token, nil)["next_batch"].(string)
+		ch := a.Must(t, "GET", "/_matrix/client/v3/keys/changes?from="+from+"&to="+to, bob.Token, nil)["changed"].([]any)
+		if len(ch) != 1 || ch[0] != bob.UserID {
+			t.Errorf("bob's changes after signing alice: %v", ch)
+		}
 	})
 }
 

@@ -176,7 +176,9 @@ type SignatureFailure struct {
 // UploadSignatures checks each signed object of the upload on its own
 // (user ID -> key ID -> object, the key ID a device ID or a master key's
 // public key) and stores the signatures of those that pass, even when
-// others fail; each failure is reported under its user and key ID.
+// others fail; each failure is reported under its user and key ID. Users
+// of other servers are signed through their master key as cached here;
+// such a signature stays here, shown to its signer only.
 func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[string]map[string]json.RawMessage) (SignaturesUploadResponse, error) {
 	res := SignaturesUploadResponse{Failures: map[string]map[string]SignatureFailure{}}
 	fail := func(user, keyID string, err error) error {
@@ -226,6 +228,19 @@ func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[strin
 			}
 		}
 	}
+	// Other servers' users can be signed (their master key, with the
+	// caller's user-signing key) as cached with their device list, which a
+	// client has fetched before it signs.
+	var remote []string
+	for _, u := range users {
+		if server, ok := ParseUserID(u); ok && !s.isLocal(server) {
+			remote = append(remote, u)
+		}
+	}
+	remoteLists, err := s.db.RemoteDeviceLists(ctx, remote)
+	if err != nil {
+		return res, err
+	}
 	var good []storage.CrossSigningSignature
 	for _, u := range users {
 		objs := body[u]
@@ -234,15 +249,17 @@ func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[strin
 			ids = append(ids, id)
 		}
 		sort.Strings(ids)
-		server, ok := ParseUserID(u)
+		server, valid := ParseUserID(u)
 		for _, id := range ids {
-			if !ok || !s.isLocal(server) {
-				if err := fail(u, id, mxerr.Unknown("signatures on keys of other servers' users are not accepted")); err != nil {
-					return res, err
-				}
-				continue
+			var t crosssigning.Target
+			found := false
+			switch {
+			case !valid:
+			case s.isLocal(server):
+				t, found = target(keys[u], u, id)
+			default:
+				t, found = remoteTarget(remoteLists[u], u, id)
 			}
-			t, found := target(keys[u], u, id)
 			if !found {
 				if err := fail(u, id, mxerr.NotFound("%s has no device or master key %s", u, id)); err != nil {
 					return res, err
@@ -265,6 +282,22 @@ func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[strin
 	}
 	s.localChange(pos)
 	return res, nil
+}
+
+// remoteTarget finds the cached master key of a remote user keyID names.
+func remoteTarget(l *storage.RemoteDeviceList, userID, keyID string) (crosssigning.Target, bool) {
+	if l == nil {
+		return crosssigning.Target{}, false
+	}
+	if m := l.CrossSigning[storage.UsageMaster]; m != nil && crosssigning.PublicKeyOf(m) == keyID {
+		return crosssigning.Target{UserID: userID, KeyID: keyID, Master: true, Stored: m}, true
+	}
+	for _, d := range l.Devices {
+		if d.DeviceID == keyID {
+			return crosssigning.Target{UserID: userID, KeyID: keyID, Stored: d.KeyJSON}, true
+		}
+	}
+	return crosssigning.Target{}, false
 }
 
 // target finds the stored object keyID names among a user's keys: their

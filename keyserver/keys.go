@@ -372,7 +372,7 @@ func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (Quer
 	if len(remote) > 0 {
 		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(r.Timeout))
 		defer cancel()
-		s.queryRemote(ctx, remote, &res)
+		s.queryRemote(ctx, remote, c.UserID, &res)
 	}
 	return res, nil
 }

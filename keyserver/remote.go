@@ -60,8 +60,9 @@ type serverResult struct {
 }
 
 // queryRemote fills res with the device keys of remote users, asking all
-// their servers at once.
-func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string][]string, res *QueryResponse) {
+// their servers at once, and their master and self-signing keys; a master
+// key carries the signature viewer made on it, if any.
+func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string][]string, viewer string, res *QueryResponse) {
 	results := make(chan serverResult, len(remote))
 	for server, users := range remote {
 		ids := make([]string, 0, len(users))
@@ -93,7 +94,10 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 			}
 			res.DeviceKeys[userID] = keys
 			if m := l.CrossSigning[storage.UsageMaster]; m != nil {
-				res.MasterKeys[userID] = m
+				sigs := crosssigning.ByTarget(l.Signatures, userID, viewer)[crosssigning.PublicKeyOf(m)]
+				if js, err := crosssigning.WithSignatures(m, sigs); err == nil {
+					res.MasterKeys[userID] = js
+				}
 			}
 			if ssk := l.CrossSigning[storage.UsageSelfSigning]; ssk != nil {
 				res.SelfSigningKeys[userID] = ssk
@@ -145,6 +149,7 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 	}
 	wg.Wait()
 	var firstErr error
+	var got []string
 	for i, u := range fetch {
 		if out[i].err != nil {
 			if firstErr == nil {
@@ -153,6 +158,18 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 			continue
 		}
 		cached[u] = out[i].list
+		got = append(got, u)
+	}
+	if len(got) > 0 {
+		// Read back what was stored: the lists as cached, with what is kept
+		// beside them (local users' signatures on the master keys).
+		if stored, err := s.db.RemoteDeviceLists(ctx, got); err == nil {
+			for _, u := range got {
+				if l := stored[u]; l != nil {
+					cached[u] = l
+				}
+			}
+		}
 	}
 	return cached, firstErr
 }

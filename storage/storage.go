@@ -162,6 +162,9 @@ type RemoteDeviceList struct {
 	// CrossSigning maps UsageMaster and UsageSelfSigning to the user's
 	// keys as canonical JSON, when their server gave them.
 	CrossSigning map[string][]byte
+	// Signatures are those local users made on the user's master key with
+	// their user-signing keys (each visible to its signer only).
+	Signatures []CrossSigningSignature
 }
 
 // MembershipResult tells what a membership change did.

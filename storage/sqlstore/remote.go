@@ -105,22 +105,27 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (_ map[
 		return out, nil
 	}
 
-	// The devices, and in the same statement the cross-signing keys
-	// (their usage in the device ID's column, told apart by the last).
+	// The devices, and in the same statement the cross-signing keys (their
+	// usage in the device ID's column) and local users' signatures on them
+	// (target key, signer, signer's key, signature), told apart by the
+	// column "kind".
 	rows, err = s.q.QueryContext(ctx, `
-		SELECT user_id, device_id, display_name, key_json, 0 FROM remote_devices WHERE user_id IN (`+in+`)
+		SELECT user_id, device_id, display_name, key_json, '', 0 AS kind FROM remote_devices WHERE user_id IN (`+in+`)
 		UNION ALL
-		SELECT user_id, usage, NULL, key_json, 1 FROM remote_cross_signing_keys WHERE user_id IN (`+in+`)
-		ORDER BY 1, 2`, args(nil, userIDs)...)
+		SELECT user_id, usage, NULL, key_json, '', 1 FROM remote_cross_signing_keys WHERE user_id IN (`+in+`)
+		UNION ALL
+		SELECT target_user_id, target_key_id, signer_user_id, signer_key_id, signature, 2 FROM cross_signing_signatures
+		WHERE target_user_id IN (`+in+`)
+		ORDER BY 1, 2, 3`, args(nil, userIDs)...)
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
-		var userID string
+		var userID, extra string
 		var d storage.RemoteDevice
 		var name sql.NullString
-		var crossSigning int
-		if err := rows.Scan(&userID, &d.DeviceID, &name, &d.KeyJSON, &crossSigning); err != nil {
+		var kind int
+		if err := rows.Scan(&userID, &d.DeviceID, &name, &d.KeyJSON, &extra, &kind); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -130,11 +135,14 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (_ map[
 		l := out[userID]
 		switch {
 		case l == nil:
-		case crossSigning == 1:
+		case kind == 1:
 			if l.CrossSigning == nil {
 				l.CrossSigning = map[string][]byte{}
 			}
 			l.CrossSigning[d.DeviceID] = d.KeyJSON
+		case kind == 2:
+			l.Signatures = append(l.Signatures, storage.CrossSigningSignature{TargetUserID: userID, TargetKeyID: d.DeviceID,
+				SignerUserID: name.String, SignerKeyID: string(d.KeyJSON), Signature: extra})
 		default:
 			l.Devices = append(l.Devices, d)
 		}
