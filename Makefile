@@ -4,7 +4,9 @@
 # make bench  measures the daemon with keyserver-bench on SQLite and PostgreSQL
 GO       ?= go
 ARGS     ?=
-TESTARGS ?= -race -count=1 -timeout 15m
+# goolm: mautrix-go's pure-Go olm, for the real-client tests (no C library)
+TAGS     ?= goolm
+TESTARGS ?= -race -count=1 -timeout 15m -tags $(TAGS)
 
 .PHONY: build run test bench vet clean
 
@@ -22,7 +24,7 @@ bench: build
 	scripts/bench.sh $(BENCH_ARGS)
 
 vet:
-	$(GO) vet ./...
+	$(GO) vet -tags $(TAGS) ./...
 
 clean:
 	rm -rf bin
