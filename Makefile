@@ -4,7 +4,8 @@
 # make bench  measures the daemon with keyserver-bench on SQLite and PostgreSQL
 GO       ?= go
 ARGS     ?=
-# goolm: mautrix-go's pure-Go olm, for the real-client tests (no C library)
+# goolm: mautrix-go's pure-Go Olm, for the tests that drive the server with
+# it (internal/clientcompat); it changes nothing else.
 TAGS     ?= goolm
 TESTARGS ?= -race -count=1 -timeout 15m -tags $(TAGS)
 

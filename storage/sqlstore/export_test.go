@@ -19,5 +19,6 @@ func OpenAtSchema(ctx context.Context, uri string, v int) (*Store, error) {
 	return Open(ctx, uri, "x")
 }
 
-// MigrationCount is the number of migration steps this program knows.
+// MigrationCount is the number of migrations, which differs from
+// SchemaVersion when version numbers skip some.
 func MigrationCount() int { return len(migrations) }

@@ -1,6 +1,6 @@
 //go:build goolm
 
-package federationapi_test
+package clientcompat
 
 import (
 	"context"
@@ -8,23 +8,10 @@ import (
 
 	"maunium.net/go/mautrix"
 	"maunium.net/go/mautrix/crypto"
-	"maunium.net/go/mautrix/event"
 	"maunium.net/go/mautrix/id"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 )
-
-// noRooms is the client's view of rooms: none (this server keeps none).
-type noRooms struct{}
-
-func (noRooms) IsEncrypted(context.Context, id.RoomID) (bool, error) { return false, nil }
-func (noRooms) GetEncryptionEvent(context.Context, id.RoomID) (*event.EncryptionEventContent, error) {
-	return nil, nil
-}
-func (noRooms) GetHistoryVisibility(context.Context, id.RoomID) (*event.HistoryVisibilityEventContent, error) {
-	return nil, nil
-}
-func (noRooms) FindSharedRooms(context.Context, id.UserID) ([]id.RoomID, error) { return nil, nil }
 
 // realClient is mautrix-go's crypto machine (its pure-Go olm) for one
 // device, keeping its state in memory.
@@ -36,7 +23,7 @@ func realClient(t *testing.T, n *testutil.Node, u *testutil.User) *crypto.OlmMac
 		t.Fatal(err)
 	}
 	cli.DeviceID = id.DeviceID(u.DeviceID)
-	mach := crypto.NewOlmMachine(cli, nil, crypto.NewMemoryStore(nil), noRooms{})
+	mach := crypto.NewOlmMachine(cli, nil, crypto.NewMemoryStore(nil), mautrix.NewMemoryStateStore().(crypto.StateStore))
 	if err := mach.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
