@@ -5,6 +5,7 @@ package clientapi
 
 import (
 	"crypto/subtle"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -105,6 +106,8 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
+		s.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
@@ -404,6 +407,22 @@ func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
 		return nil, err
 	}
 	return a.ks.QueryKeys(r.Context(), c, req)
+}
+
+func (a *API) uploadSigningKeys(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.SigningKeysUpload
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.UploadSigningKeys(r.Context(), c, req)
+}
+
+func (a *API) uploadSignatures(r *http.Request, c keyserver.Caller) (any, error) {
+	var req map[string]map[string]json.RawMessage
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	return a.ks.UploadSignatures(r.Context(), c, req)
 }
 
 func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {

@@ -236,7 +236,7 @@ CREATE INDEX uia_sessions_expires ON uia_sessions (expires_ts);
 -- user ID is never registered again; 0 while the account is active
 ALTER TABLE accounts ADD COLUMN deactivated_ts {{BIGINT}} NOT NULL DEFAULT 0;
 `},
-	{12, "server-side key backups", `
+	{8, "server-side key backups", `
 -- the last backup version number given to each user: versions count up
 -- from 1 and are never given twice, deleted ones included. Every change
 -- of a user's backups locks this row first, so they happen one at a time.
@@ -270,7 +270,7 @@ CREATE TABLE backup_keys (
 	PRIMARY KEY (user_id, version, room_id, session_id)
 );
 `},
-	{13, "account data", `
+	{9, "account data", `
 -- the newest content of each account data type of a user, global (room_id
 -- empty) or per room; pos is the stream position of its last change, from
 -- the same counter as device-list changes, so that /sync tokens cover it
@@ -283,6 +283,50 @@ CREATE TABLE account_data (
 	PRIMARY KEY (user_id, room_id, data_type)
 );
 CREATE INDEX account_data_changes ON account_data (user_id, pos);
+`},
+	{10, "cross-signing keys, signatures and their changes", `
+-- local users' cross-signing keys, one per usage (master, self_signing,
+-- user_signing), as canonical JSON with the signatures they came with
+CREATE TABLE cross_signing_keys (
+	user_id  {{TEXT}} NOT NULL,
+	usage    {{TEXT}} NOT NULL,
+	key_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, usage)
+);
+
+-- signatures uploaded apart from what they sign: on a local user's device
+-- (target_key_id is the device ID) or master key (its public key), by the
+-- signer's device or cross-signing key. Signatures by a replaced key stay,
+-- as Synapse keeps them; clients check them against the current keys.
+CREATE TABLE cross_signing_signatures (
+	target_user_id {{TEXT}} NOT NULL,
+	target_key_id  {{TEXT}} NOT NULL,
+	signer_user_id {{TEXT}} NOT NULL,
+	signer_key_id  {{TEXT}} NOT NULL,
+	signature      {{TEXT}} NOT NULL,
+	PRIMARY KEY (target_user_id, target_key_id, signer_user_id, signer_key_id)
+);
+
+-- changes of cross-signing keys, in the device-list stream: everyone
+-- sharing a room with the user is told, or with owner_only the user alone
+-- (user-signing keys and what they sign). Kept apart from
+-- device_list_changes, whose positions are the stream_ids other servers
+-- follow device by device.
+CREATE TABLE cross_signing_changes (
+	pos        {{BIGINT}} PRIMARY KEY,
+	user_id    {{TEXT}} NOT NULL,
+	owner_only BOOLEAN NOT NULL
+);
+CREATE INDEX cross_signing_changes_user ON cross_signing_changes (user_id, pos);
+
+-- remote users' master and self-signing keys, cached with their device
+-- list (from /user/devices and m.signing_key_update) and dropped with it
+CREATE TABLE remote_cross_signing_keys (
+	user_id  {{TEXT}} NOT NULL,
+	usage    {{TEXT}} NOT NULL,
+	key_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, usage)
+);
 `},
 }
 

@@ -52,10 +52,11 @@ type Store struct {
 	q      pool
 	stmts  *stmtCache
 	wstmts *stmtCache
-	// tokens caches access token owners by token hash, devices local
-	// users' devices with keys (see userCache).
+	// tokens caches access token owners by token hash, devices what key
+	// queries show of local users: devices with keys, cross-signing keys
+	// and signatures (see userCache).
 	tokens  *userCache[tokenOwner]
-	devices *userCache[[]storage.Device]
+	devices *userCache[*cachedKeys]
 	d       dialect
 	// serverName tells local users (whose changes go out over federation)
 	// from remote ones.
@@ -116,7 +117,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
-		devices: newUserCache[[]storage.Device](d.name == "sqlite3", cacheTTL, 10_000)}
+		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000)}
 	if err := db.PingContext(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -346,6 +347,20 @@ func (s *Store) revokeTokens(ctx context.Context, tx *txn, userID string) error 
 	return err
 }
 
+// revokeUserKeys drops the cached keys of a local user (devices,
+// cross-signing keys, signatures on them) once tx commits, here and, on
+// PostgreSQL, in the other daemons sharing the database. It must come
+// before the stream advance (nextPos) of the change, so that other daemons
+// drop their copy before they wake anyone for it.
+func (s *Store) revokeUserKeys(ctx context.Context, tx *txn, userID string) error {
+	tx.onCommit(func() { s.devices.revoke(userID) })
+	if s.d.name != "postgres" {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+devicesChannel+`', $1)`, userID)
+	return err
+}
+
 // recordDeviceChange adds a device-list change of userID at a new position.
 func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
 	pos, err := s.nextPos(ctx, tx)
@@ -363,13 +378,8 @@ func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceI
 // the caller's transaction: a change is never committed without its
 // delivery being due. The user's cached devices are dropped at commit.
 func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
-	tx.onCommit(func() { s.devices.revoke(userID) })
-	if s.d.name == "postgres" {
-		// Before the stream advance (nextPos), so that other daemons drop
-		// their copy before they wake anyone for the change.
-		if _, err := tx.ExecContext(ctx, `SELECT pg_notify('`+devicesChannel+`', $1)`, userID); err != nil {
-			return 0, err
-		}
+	if err := s.revokeUserKeys(ctx, tx, userID); err != nil {
+		return 0, err
 	}
 	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
 	if err != nil {
