@@ -5,6 +5,7 @@ package clientapi
 
 import (
 	"crypto/subtle"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,11 +15,13 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 )
 
@@ -40,6 +43,10 @@ type Options struct {
 	// requests of each remote address; nil: no limit.
 	LoginLimit, RegisterLimit *ratelimit.Limiter
 	Logger                    logrus.FieldLogger
+	// KeyBackup serves /room_keys, AccountData the account data
+	// endpoints; nil: not served.
+	KeyBackup   *keybackup.Service
+	AccountData *accountdata.Service
 }
 
 // API serves the client-server API.
@@ -99,7 +106,11 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
+		s.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
+		s.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
+		a.keyBackupRoutes(s)
+		a.accountDataRoutes(s)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
@@ -396,6 +407,22 @@ func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
 		return nil, err
 	}
 	return a.ks.QueryKeys(r.Context(), c, req)
+}
+
+func (a *API) uploadSigningKeys(r *http.Request, c keyserver.Caller) (any, error) {
+	var req keyserver.SigningKeysUpload
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	return empty, a.ks.UploadSigningKeys(r.Context(), c, req)
+}
+
+func (a *API) uploadSignatures(r *http.Request, c keyserver.Caller) (any, error) {
+	var req map[string]map[string]json.RawMessage
+	if err := a.decode(r, &req); err != nil {
+		return nil, err
+	}
+	return a.ks.UploadSignatures(r.Context(), c, req)
 }
 
 func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {

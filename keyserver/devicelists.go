@@ -70,14 +70,16 @@ type SyncResponse struct {
 	DeviceLists                  *ChangesResponse `json:"device_lists,omitempty"`
 	DeviceOneTimeKeysCount       map[string]int   `json:"device_one_time_keys_count"`
 	DeviceUnusedFallbackKeyTypes []string         `json:"device_unused_fallback_key_types"`
+	// AccountData is present when the service has an account data source.
+	AccountData *AccountDataSection `json:"account_data,omitempty"`
 }
 
 // Sync answers /sync. Without since it returns the current state at once.
-// With since it returns the device-list changes after it, waiting up to
-// timeout for one to happen if there is none yet; it also returns early
-// when the caller's own key counts change (a key was claimed). Waiting is
-// driven by the notifier: the database is read again only when something
-// was written.
+// With since it returns the device-list and account data changes after
+// it (see accountdata.go), waiting up to timeout for one to happen if
+// there is none yet; it also returns early when the caller's own key
+// counts change (a key was claimed). Waiting is driven by the notifier:
+// the database is read again only when something was written.
 func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration) (SyncResponse, error) {
 	var sincePos storage.StreamPos
 	if since != "" {
@@ -104,6 +106,7 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 			return SyncResponse{}, err
 		}
 		var lists *ChangesResponse
+		news := false // account data changed
 		if since != "" {
 			if sincePos > cur {
 				// A token from the future (another database?): start again
@@ -123,30 +126,38 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 						}
 					}
 					lists = &ChangesResponse{Changed: ch.Changed, Left: ch.Left}
+				} else if news, err = s.accountDataNews(ctx, c.UserID, checked, cur); err != nil {
+					return SyncResponse{}, err
 				}
 				checked = cur
 			}
 		}
-		if lists != nil || timer == nil {
-			return s.syncResponse(ctx, c, cur, lists)
+		if lists != nil || news || timer == nil {
+			return s.syncResponse(ctx, c, sincePos, cur, lists)
 		}
 		select {
 		case <-streamCh:
 			continue
 		case <-sub.User():
-			return s.syncResponse(ctx, c, cur, nil)
+			return s.syncResponse(ctx, c, sincePos, cur, nil)
 		case <-timer:
-			return s.syncResponse(ctx, c, cur, nil)
+			return s.syncResponse(ctx, c, sincePos, cur, nil)
 		case <-sub.Closing():
-			return s.syncResponse(ctx, c, cur, nil)
+			return s.syncResponse(ctx, c, sincePos, cur, nil)
 		case <-ctx.Done():
 			return SyncResponse{}, ctx.Err()
 		}
 	}
 }
 
-func (s *Service) syncResponse(ctx context.Context, c Caller, pos storage.StreamPos, lists *ChangesResponse) (SyncResponse, error) {
+// syncResponse answers with the changes in (from, pos]; from 0 (no since):
+// the whole state.
+func (s *Service) syncResponse(ctx context.Context, c Caller, from, pos storage.StreamPos, lists *ChangesResponse) (SyncResponse, error) {
 	counts, unused, err := s.db.KeyCounts(ctx, c.UserID, c.DeviceID)
+	if err != nil {
+		return SyncResponse{}, err
+	}
+	accountData, err := s.accountDataSection(ctx, c.UserID, from, pos)
 	if err != nil {
 		return SyncResponse{}, err
 	}
@@ -158,6 +169,7 @@ func (s *Service) syncResponse(ctx context.Context, c Caller, pos storage.Stream
 		DeviceLists:                  lists,
 		DeviceOneTimeKeysCount:       withSignedCurve(counts),
 		DeviceUnusedFallbackKeyTypes: unused,
+		AccountData:                  accountData,
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
@@ -30,11 +31,13 @@ func (s *Service) FederationQueryKeys(ctx context.Context, users map[string][]st
 			local[u] = devices
 		}
 	}
-	keys, err := s.localDeviceKeys(ctx, local, s.opts.DeviceNamesOverFederation)
+	// Another server sees only public signatures, and never a
+	// user-signing key.
+	keys, err := s.localKeys(ctx, local, "", s.opts.DeviceNamesOverFederation)
 	if err != nil {
 		return FederationQueryResponse{}, err
 	}
-	return FederationQueryResponse{DeviceKeys: keys, MasterKeys: map[string]json.RawMessage{}, SelfSigningKeys: map[string]json.RawMessage{}}, nil
+	return FederationQueryResponse{DeviceKeys: keys.DeviceKeys, MasterKeys: keys.MasterKeys, SelfSigningKeys: keys.SelfSigningKeys}, nil
 }
 
 // FederationClaimKeys answers another server's claim, with the same
@@ -90,6 +93,12 @@ func (s *Service) FederationUserDevices(ctx context.Context, userID string) (fed
 	if err != nil {
 		return fedclient.UserDevices{}, err
 	}
+	cs, err := s.db.UserCrossSigning(ctx, userID)
+	if err != nil {
+		return fedclient.UserDevices{}, err
+	}
+	// Only public signatures: those the user made.
+	sigs := crosssigning.ByTarget(cs.Signatures, userID, "")
 	out := fedclient.UserDevices{UserID: userID, StreamID: streamID, Devices: []fedclient.UserDevice{}}
 	for _, d := range devices {
 		ud := fedclient.UserDevice{DeviceID: d.DeviceID}
@@ -97,11 +106,23 @@ func (s *Service) FederationUserDevices(ctx context.Context, userID string) (fed
 			ud.DisplayName = d.DisplayName
 		}
 		// The keys are the same object /user/keys/query answers, "unsigned"
-		// included.
-		if ud.Keys, err = withUnsigned(d.KeyJSON, ud.DisplayName); err != nil {
+		// and signatures included.
+		js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+		if err != nil {
+			return fedclient.UserDevices{}, err
+		}
+		if ud.Keys, err = withUnsigned(js, ud.DisplayName); err != nil {
 			return fedclient.UserDevices{}, err
 		}
 		out.Devices = append(out.Devices, ud)
+	}
+	if m := cs.Keys[storage.UsageMaster]; m != nil {
+		if out.MasterKey, err = crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)]); err != nil {
+			return fedclient.UserDevices{}, err
+		}
+	}
+	if ssk := cs.Keys[storage.UsageSelfSigning]; ssk != nil {
+		out.SelfSigningKey = ssk
 	}
 	return out, nil
 }

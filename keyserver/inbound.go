@@ -17,7 +17,8 @@ import (
 
 // Receiving other servers' transactions (PUT /send/{txnId}).
 //
-// Only m.device_list_update EDUs are acted on. Each is checked (its user
+// Only m.device_list_update and m.signing_key_update EDUs are acted on.
+// A device-list update is checked (its user
 // must belong to the sending server and share a room with one of ours) and
 // applied to the cached list in one transaction that also checks its
 // prev_ids; a gap marks the user stale, persisted before anything else, and
@@ -60,6 +61,12 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 	// A body origin that differs from the authenticated one is ignored.
 	resync := map[string]bool{}
 	for _, e := range t.EDUs {
+		if e.Type == "m.signing_key_update" {
+			if err := s.signingKeyUpdate(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if e.Type != "m.device_list_update" {
 			continue // other EDU types are not ours to handle
 		}
@@ -142,6 +149,47 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 		return c.UserID, nil
 	}
 	return "", nil
+}
+
+// signingKeyUpdate handles one m.signing_key_update: a remote user's new
+// master and/or self-signing key, checked as a fetched list's keys are,
+// replaces the cached one, a change for local users sharing a room with
+// the user. Updates that are malformed, about users of another server or
+// about users whose list is not cached are dropped.
+func (s *Service) signingKeyUpdate(ctx context.Context, origin string, content json.RawMessage) error {
+	var c struct {
+		UserID         string          `json:"user_id"`
+		MasterKey      json.RawMessage `json:"master_key"`
+		SelfSigningKey json.RawMessage `json:"self_signing_key"`
+	}
+	log := s.logger(ctx).WithField("origin", origin)
+	if err := json.Unmarshal(content, &c); err != nil {
+		log.WithField("content", string(content)).Debug("dropped a malformed m.signing_key_update")
+		return nil
+	}
+	if server, ok := ParseUserID(c.UserID); !ok || server != origin {
+		log.WithField("user_id", c.UserID).Debug("dropped an m.signing_key_update for a user not on its origin")
+		return nil
+	}
+	lists, err := s.db.RemoteDeviceLists(ctx, []string{c.UserID})
+	if err != nil {
+		return err
+	}
+	l := lists[c.UserID]
+	if l == nil {
+		return nil // not tracked: the keys come with the list when it is fetched
+	}
+	keys, err := checkRemoteCrossSigning(c.UserID, l.CrossSigning[storage.UsageMaster], c.MasterKey, c.SelfSigningKey)
+	if err != nil {
+		log.WithFields(logrus.Fields{"user_id": c.UserID, "error": err.Error()}).Warn("dropped an m.signing_key_update with bad keys")
+		return nil
+	}
+	ch, err := s.db.UpdateRemoteCrossSigning(ctx, c.UserID, keys)
+	if err != nil {
+		return err
+	}
+	s.streamAdvanced(ch)
+	return nil
 }
 
 // resyncWithin resyncs users (already marked stale) concurrently, waiting

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"sort"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
@@ -362,47 +363,85 @@ func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (Quer
 			remote[server][userID] = devices
 		}
 	}
-	keys, err := s.localDeviceKeys(ctx, local, true)
+	keys, err := s.localKeys(ctx, local, c.UserID, true)
 	if err != nil {
 		return res, err
 	}
-	res.DeviceKeys = keys
+	res.DeviceKeys, res.MasterKeys, res.SelfSigningKeys, res.UserSigningKeys =
+		keys.DeviceKeys, keys.MasterKeys, keys.SelfSigningKeys, keys.UserSigningKeys
 	if len(remote) > 0 {
 		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(r.Timeout))
 		defer cancel()
-		s.queryRemote(ctx, remote, &res)
+		s.queryRemote(ctx, remote, c.UserID, &res)
 	}
 	return res, nil
 }
 
-// localDeviceKeys returns the device keys of local users (an empty device
-// list: all devices), each with "unsigned", holding the display name when
-// withNames.
-func (s *Service) localDeviceKeys(ctx context.Context, users map[string][]string, withNames bool) (map[string]map[string]json.RawMessage, error) {
-	out := make(map[string]map[string]json.RawMessage, len(users))
+// localKeys is what a key query answers for local users.
+type localKeys struct {
+	DeviceKeys      map[string]map[string]json.RawMessage
+	MasterKeys      map[string]json.RawMessage
+	SelfSigningKeys map[string]json.RawMessage
+	UserSigningKeys map[string]json.RawMessage
+}
+
+// localKeys returns the keys of local users (an empty device list: all
+// devices) as viewer may see them ("" for another server), in one read of
+// the store however many users are named. Devices carry "unsigned",
+// holding the display name when withNames. Devices and master keys carry
+// the signatures uploaded on them that viewer may see; the user-signing
+// key is given to its owner only.
+func (s *Service) localKeys(ctx context.Context, users map[string][]string, viewer string, withNames bool) (localKeys, error) {
+	out := localKeys{
+		DeviceKeys:      make(map[string]map[string]json.RawMessage, len(users)),
+		MasterKeys:      map[string]json.RawMessage{},
+		SelfSigningKeys: map[string]json.RawMessage{},
+		UserSigningKeys: map[string]json.RawMessage{},
+	}
 	ids := make([]string, 0, len(users))
 	for u := range users {
 		ids = append(ids, u)
-		out[u] = map[string]json.RawMessage{}
+		out.DeviceKeys[u] = map[string]json.RawMessage{}
 	}
 	sort.Strings(ids)
-	devices, err := s.db.DevicesWithKeys(ctx, ids)
+	all, err := s.db.UserKeys(ctx, ids)
 	if err != nil {
-		return nil, err
+		return out, err
 	}
-	for _, d := range devices {
-		if want := users[d.UserID]; len(want) > 0 && !contains(want, d.DeviceID) {
-			continue
+	for userID, k := range all {
+		want := users[userID]
+		sigs := crosssigning.ByTarget(k.Signatures, userID, viewer)
+		for _, d := range k.Devices {
+			if len(want) > 0 && !contains(want, d.DeviceID) {
+				continue
+			}
+			name := d.DisplayName
+			if !withNames {
+				name = nil
+			}
+			js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+			if err != nil {
+				return out, err
+			}
+			keys, err := withUnsigned(js, name)
+			if err != nil {
+				return out, err
+			}
+			out.DeviceKeys[userID][d.DeviceID] = keys
 		}
-		name := d.DisplayName
-		if !withNames {
-			name = nil
+		if m := k.Keys[storage.UsageMaster]; m != nil {
+			js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
+			if err != nil {
+				return out, err
+			}
+			out.MasterKeys[userID] = js
 		}
-		keys, err := withUnsigned(d.KeyJSON, name)
-		if err != nil {
-			return nil, err
+		if ssk := k.Keys[storage.UsageSelfSigning]; ssk != nil {
+			out.SelfSigningKeys[userID] = ssk
 		}
-		out[d.UserID][d.DeviceID] = keys
+		if usk := k.Keys[storage.UsageUserSigning]; usk != nil && userID == viewer {
+			out.UserSigningKeys[userID] = usk
+		}
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -63,6 +64,60 @@ func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 			c := store.StatementsSent() - before
 			if c > 1 || (c == 0 && len(group) < len(ids)) {
 				t.Fatalf("%d users: %d SQL statements, want 1 (or none once all are cached)", len(group), c)
+			}
+		}
+	})
+}
+
+// Cross-signing keys and the signatures on devices and master keys come in
+// the same single statement as the devices.
+func TestLocalQueryWithCrossSigningIsOneRoundTrip(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, tdb testutil.Database) {
+		ctx := context.Background()
+		store, svc := openService(ctx, t, tdb.URI)
+		req := map[string][]string{}
+		for i := 0; i < 10; i++ {
+			u := fmt.Sprintf("@u%d:local.test", i)
+			req[u] = nil
+			if _, err := store.CreateAccount(ctx, u, "x", nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.Login(ctx, storage.NewLogin{UserID: u, DeviceID: "D", TokenHash: u}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.UploadKeys(ctx, u, "D", nil, func(storage.KeyState) (storage.KeyWrite, error) {
+				return storage.KeyWrite{DeviceKeys: []byte(`{"device_id":"D"}`)}, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.UploadCrossSigningKeys(ctx, u, func(map[string][]byte) (storage.CrossSigningWrite, error) {
+				return storage.CrossSigningWrite{Keys: map[string][]byte{
+					storage.UsageMaster:      []byte(`{"keys":{"ed25519:M` + u + `":"M` + u + `"},"usage":["master"],"user_id":"` + u + `"}`),
+					storage.UsageSelfSigning: []byte(`{"keys":{"ed25519:S":"S"},"usage":["self_signing"],"user_id":"` + u + `"}`),
+				}}, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.StoreSignatures(ctx, []storage.CrossSigningSignature{
+				{TargetUserID: u, TargetKeyID: "D", SignerUserID: u, SignerKeyID: "ed25519:S", Signature: "sigD"},
+				{TargetUserID: u, TargetKeyID: "M" + u, SignerUserID: u, SignerKeyID: "ed25519:D", Signature: "sigM"},
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := store.StatementsSent()
+		res, err := svc.QueryKeys(ctx, keyserver.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := store.StatementsSent() - before; c > 1 {
+			t.Fatalf("%d SQL statements, want 1", c)
+		}
+		raw, _ := json.Marshal(res)
+		for u := range req {
+			dev := string(res.DeviceKeys[u]["D"])
+			if !strings.Contains(dev, `"sigD"`) || !strings.Contains(string(res.MasterKeys[u]), `"sigM"`) || res.SelfSigningKeys[u] == nil {
+				t.Fatalf("%s without its cross-signing keys and signatures: %s", u, raw)
 			}
 		}
 	})

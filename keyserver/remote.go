@@ -1,6 +1,7 @@
 package keyserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/devicelist/sender"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/metrics"
@@ -59,8 +61,9 @@ type serverResult struct {
 }
 
 // queryRemote fills res with the device keys of remote users, asking all
-// their servers at once.
-func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string][]string, res *QueryResponse) {
+// their servers at once, and their master and self-signing keys; a master
+// key carries the signature viewer made on it, if any.
+func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string][]string, viewer string, res *QueryResponse) {
 	results := make(chan serverResult, len(remote))
 	for server, users := range remote {
 		ids := make([]string, 0, len(users))
@@ -91,6 +94,15 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 				keys[d.DeviceID] = js
 			}
 			res.DeviceKeys[userID] = keys
+			if m := l.CrossSigning[storage.UsageMaster]; m != nil {
+				sigs := crosssigning.ByTarget(l.Signatures, userID, viewer)[crosssigning.PublicKeyOf(m)]
+				if js, err := crosssigning.WithSignatures(m, sigs); err == nil {
+					res.MasterKeys[userID] = js
+				}
+			}
+			if ssk := l.CrossSigning[storage.UsageSelfSigning]; ssk != nil {
+				res.SelfSigningKeys[userID] = ssk
+			}
 		}
 	}
 }
@@ -138,6 +150,7 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 	}
 	wg.Wait()
 	var firstErr error
+	var got []string
 	for i, u := range fetch {
 		if out[i].err != nil {
 			if firstErr == nil {
@@ -146,6 +159,18 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 			continue
 		}
 		cached[u] = out[i].list
+		got = append(got, u)
+	}
+	if len(got) > 0 {
+		// Read back what was stored: the lists as cached, with what is kept
+		// beside them (local users' signatures on the master keys).
+		if stored, err := s.db.RemoteDeviceLists(ctx, got); err == nil {
+			for _, u := range got {
+				if l := stored[u]; l != nil {
+					cached[u] = l
+				}
+			}
+		}
 	}
 	return cached, firstErr
 }
@@ -217,7 +242,52 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: dk.Canonical})
 	}
 	sort.Slice(list.Devices, func(i, j int) bool { return list.Devices[i].DeviceID < list.Devices[j].DeviceID })
+	keys, err := checkRemoteCrossSigning(userID, nil, resp.MasterKey, resp.SelfSigningKey)
+	if err != nil {
+		// The devices are still good; the keys are left out, and asked
+		// for again with the next fetch.
+		s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "error": err.Error()}).
+			Warn("ignored a remote user's bad cross-signing keys")
+	} else if len(keys) > 0 {
+		list.CrossSigning = keys
+	}
 	return list, nil
+}
+
+// checkRemoteCrossSigning checks the master and self-signing keys another
+// server gave for its user (either may be missing), as uploads are
+// checked: the user's, in the right slot, one ed25519 key, the
+// self-signing key signed by the master key sent along or else by
+// cachedMaster. It returns them by usage as canonical JSON.
+func checkRemoteCrossSigning(userID string, cachedMaster []byte, master, ssk json.RawMessage) (map[string][]byte, error) {
+	present := func(raw json.RawMessage) bool {
+		t := bytes.TrimSpace(raw)
+		return len(t) > 0 && string(t) != "null"
+	}
+	out := map[string][]byte{}
+	m := crosssigning.ParseStored(cachedMaster, storage.UsageMaster)
+	if present(master) {
+		k, err := crosssigning.Parse("master_key", master, storage.UsageMaster, userID)
+		if err != nil {
+			return nil, err
+		}
+		m = k
+		out[storage.UsageMaster] = k.Canonical
+	}
+	if present(ssk) {
+		k, err := crosssigning.Parse("self_signing_key", ssk, storage.UsageSelfSigning, userID)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			return nil, errors.New("a self-signing key without a master key")
+		}
+		if err := crosssigning.CheckSignedByMaster("self_signing_key", k, m); err != nil {
+			return nil, err
+		}
+		out[storage.UsageSelfSigning] = k.Canonical
+	}
+	return out, nil
 }
 
 // claimRemote claims keys of remote devices, one batched request per

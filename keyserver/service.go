@@ -51,6 +51,10 @@ type Options struct {
 	Logger                    logrus.FieldLogger
 	Now                       func() time.Time // the clock; time.Now when nil
 
+	// AccountData gives /sync the account data changes; nil: /sync has no
+	// account_data section.
+	AccountData AccountDataSource
+
 	// LaxKeyValidation checks only the shape of uploaded keys, not their
 	// signatures or key values (keys.strict_validation: false); the zero
 	// value is the strict default.

@@ -168,6 +168,12 @@ type RemoteDeviceList struct {
 	// so the user's server sends us their changes.
 	SharesRoom bool
 	Devices    []RemoteDevice
+	// CrossSigning maps UsageMaster and UsageSelfSigning to the user's
+	// keys as canonical JSON, when their server gave them.
+	CrossSigning map[string][]byte
+	// Signatures are those local users made on the user's master key with
+	// their user-signing keys (each visible to its signer only).
+	Signatures []CrossSigningSignature
 }
 
 // MembershipResult tells what a membership change did.
@@ -225,6 +231,49 @@ type OutboundUpdate struct {
 	DisplayName *string
 }
 
+// The usages of a user's cross-signing keys, which are also the slots they
+// are stored in: a user has at most one key of each.
+const (
+	UsageMaster      = "master"
+	UsageSelfSigning = "self_signing"
+	UsageUserSigning = "user_signing"
+)
+
+// CrossSigningSignature is a signature uploaded apart from the object it
+// signs (POST /keys/signatures/upload): on a device's keys or on a master
+// key, by a device or a cross-signing key.
+type CrossSigningSignature struct {
+	TargetUserID string
+	// TargetKeyID is the device ID, or the signed master key's public key.
+	TargetKeyID  string
+	SignerUserID string
+	SignerKeyID  string // "ed25519:<device ID or public key>"
+	Signature    string // unpadded base64
+}
+
+// CrossSigning is what is stored of a local user's cross-signing keys.
+type CrossSigning struct {
+	// Keys maps a usage (UsageMaster...) to the key object as canonical
+	// JSON, with the signatures it was uploaded with.
+	Keys map[string][]byte
+	// Signatures are those uploaded on the user's devices and master key,
+	// by anyone; who may see which is the domain's rule.
+	Signatures []CrossSigningSignature
+}
+
+// UserKeys is what a key query shows of a local user.
+type UserKeys struct {
+	Devices []Device // the devices with identity keys
+	CrossSigning
+}
+
+// CrossSigningWrite is what an upload of cross-signing keys writes,
+// decided from the stored keys.
+type CrossSigningWrite struct {
+	// Keys maps a usage to its new key object; usages not named are kept.
+	Keys map[string][]byte
+}
+
 // Database is everything the keyserver stores. Every method that writes
 // more than one row does so in one transaction.
 type Database interface {
@@ -279,6 +328,31 @@ type Database interface {
 	ClaimKeys(ctx context.Context, reqs []ClaimRequest) ([]ClaimedKey, error)
 	KeyCounts(ctx context.Context, userID, deviceID string) (counts map[string]int, unusedFallback []string, err error)
 
+	// Cross-signing.
+	// UserKeys returns, for each of the given local users that has
+	// anything, the devices with identity keys, the cross-signing keys and
+	// the signatures on them, in at most one round trip. The values may be
+	// shared with a cache: callers must not modify them.
+	UserKeys(ctx context.Context, userIDs []string) (map[string]*UserKeys, error)
+	// UserCrossSigning returns a user's cross-signing keys and the
+	// signatures on them, read from the database and never from a cache.
+	UserCrossSigning(ctx context.Context, userID string) (CrossSigning, error)
+	// UploadCrossSigningKeys stores a user's cross-signing keys as decide
+	// says, given the stored ones (usage -> canonical JSON), in one
+	// transaction. A key that differs from the stored one is a change:
+	// a master or self-signing key one for everyone sharing a room with
+	// the user, a user-signing key one for the user alone. It returns the
+	// position of the last change, 0 when nothing changed.
+	UploadCrossSigningKeys(ctx context.Context, userID string,
+		decide func(stored map[string][]byte) (CrossSigningWrite, error)) (Change, error)
+	// StoreSignatures stores signatures on local users' keys in one
+	// transaction. A new signature on a device is a change of that device;
+	// on a master key, a change of its owner's cross-signing keys (for
+	// everyone sharing a room with them when the owner signed, for the
+	// signer alone otherwise). Signatures already stored change nothing.
+	// It returns the position of the last change, 0 when none.
+	StoreSignatures(ctx context.Context, sigs []CrossSigningSignature) (Change, error)
+
 	// Device-list stream and membership.
 	CurrentPos(ctx context.Context) (StreamPos, error)
 	DeviceListChanges(ctx context.Context, userID string, from, to StreamPos) (DeviceListChanges, error)
@@ -306,6 +380,13 @@ type Database interface {
 	// ApplyRemoteDeviceUpdate applies one m.device_list_update, or says the
 	// user must be resynced because its prev_id names an unseen update.
 	ApplyRemoteDeviceUpdate(ctx context.Context, u RemoteDeviceUpdate) (ApplyResult, error)
+	// UpdateRemoteCrossSigning replaces the cached cross-signing keys of a
+	// remote user whose device list is cached (m.signing_key_update); keys
+	// maps usages to canonical JSON, and usages not named are kept. A
+	// difference is a change for local users sharing a room with the
+	// user (returned position); an identical key, or a user without a
+	// cached list, changes nothing.
+	UpdateRemoteCrossSigning(ctx context.Context, userID string, keys map[string][]byte) (Change, error)
 	// SharesRoomWithLocal reports whether a local user shares a room with userID.
 	SharesRoomWithLocal(ctx context.Context, userID string) (bool, error)
 

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/fedclient"
@@ -29,6 +30,7 @@ import (
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -224,6 +226,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		SendWait:                  cfg.Federation.SendWait.Duration(),
 		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
 		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
+		AccountData:               store,
 		Logger:                    log,
 	}
 	ko.Sender.Workers = cfg.Federation.SenderWorkers
@@ -243,6 +246,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			LoginLimit:      limiter(cfg.ClientAPI.LoginRateLimit),
 			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
+			KeyBackup:       keybackup.New(store, log),
+			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

@@ -19,8 +19,10 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -90,10 +92,12 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		FailedLogins:      o.FailedLogins.limiter(o.Now),
 		BcryptConcurrency: o.BcryptConcurrency,
 		LaxKeyValidation:  o.LaxKeyValidation,
+		AccountData:       store,
 	})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
-		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now)})
+		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
+		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

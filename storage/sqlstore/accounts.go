@@ -108,8 +108,26 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 		if err := s.revokeTokens(ctx, tx, userID); err != nil {
 			return err
 		}
-		// Key backups and to-device messages, once they are stored, are
-		// deleted here too, in this transaction.
+		// Cross-signing keys and the signatures on them. Signatures the
+		// user made on others' master keys stay with their targets.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM cross_signing_keys WHERE user_id = $1`, userID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM cross_signing_signatures WHERE target_user_id = $1`, userID); err != nil {
+			return err
+		}
+		if err := s.revokeUserKeys(ctx, tx, userID); err != nil {
+			return err
+		}
+		// Key backups and account data (the secret storage among it) go
+		// too; to-device messages, once they are stored, are deleted here
+		// as well, in this transaction.
+		if err := s.deleteUserBackups(ctx, tx, userID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM account_data WHERE user_id = $1`, userID); err != nil {
+			return err
+		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM uia_sessions WHERE user_id = $1`, userID)
 		return err
 	})

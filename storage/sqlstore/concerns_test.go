@@ -92,6 +92,29 @@ func TestWritesReturnTheUsersTheyConcern(t *testing.T) {
 		}
 		want("an update of r", ap.Change, err, a, b)
 
+		// Cross-signing: public keys and signatures on them concern the
+		// owner's room-mates, a user-signing key and what it signs only
+		// its owner; account data only its owner.
+		keys := func(user string, k map[string][]byte) (storage.Change, error) {
+			return s.UploadCrossSigningKeys(ctx, user, func(map[string][]byte) (storage.CrossSigningWrite, error) {
+				return storage.CrossSigningWrite{Keys: k}, nil
+			})
+		}
+		ch, err = keys(b, map[string][]byte{storage.UsageMaster: []byte(`{"m":1}`), storage.UsageSelfSigning: []byte(`{"s":1}`)})
+		want("b uploads cross-signing keys", ch, err, a, b)
+		ch, err = keys(b, map[string][]byte{storage.UsageUserSigning: []byte(`{"u":1}`)})
+		want("b uploads a user-signing key", ch, err, b)
+		ch, err = s.StoreSignatures(ctx, []storage.CrossSigningSignature{
+			{TargetUserID: b, TargetKeyID: "B1", SignerUserID: b, SignerKeyID: "ed25519:s", Signature: "x"}})
+		want("b signs a device", ch, err, a, b)
+		ch, err = s.StoreSignatures(ctx, []storage.CrossSigningSignature{
+			{TargetUserID: c, TargetKeyID: "ed25519:cm", SignerUserID: b, SignerKeyID: "ed25519:u", Signature: "y"}})
+		want("b signs c's master key", ch, err, b)
+		ch, err = s.SetAccountData(ctx, c, "", "m.test", []byte(`{}`))
+		want("c sets account data", ch, err, c)
+		ch, err = s.UpdateRemoteCrossSigning(ctx, r, map[string][]byte{storage.UsageMaster: []byte(`{"rm":1}`)})
+		want("r's cross-signing keys change", ch, err, a, b)
+
 		// Leaving: the room's members, past ones included, and the user.
 		res, err := s.SetMembership(ctx, "!r1:x", a, storage.MembershipLeave, 0)
 		want("a leaves", res.Change, err, a, b)

@@ -134,41 +134,22 @@ func (s *Store) Device(ctx context.Context, userID, deviceID string) (_ storage.
 }
 
 // DevicesWithKeys returns the devices of the given users that have uploaded
-// identity keys: from the device cache, and for the users it lacks from a
-// single query however many they are. The devices returned may be shared
-// with the cache and must not be modified. Their last-seen fields may be
-// older than the database's: a login to an existing device updates them
-// without dropping the cache, as nothing that reads this list shows them.
+// identity keys: from the cache of users' keys, and for the users it lacks
+// from a single query however many they are (see UserKeys). The devices
+// returned may be shared with the cache and must not be modified. Their
+// last-seen fields may be older than the database's: a login to an
+// existing device updates them without dropping the cache, as nothing that
+// reads this list shows them.
 func (s *Store) DevicesWithKeys(ctx context.Context, userIDs []string) (_ []storage.Device, err error) {
 	defer named("DevicesWithKeys", &err)
-	var out []storage.Device
-	var missing []string
-	for _, u := range userIDs {
-		if devs, ok := s.devices.get(u); ok {
-			out = append(out, devs...)
-		} else {
-			missing = append(missing, u)
-		}
-	}
-	if len(missing) == 0 {
-		return out, nil
-	}
-	gen, cache := s.devices.generation()
-	read, err := s.queryDevices(ctx, `SELECT `+deviceColumns+` FROM devices
-		WHERE key_json IS NOT NULL AND user_id IN (`+placeholders(1, len(missing))+`)`, args(nil, missing)...)
+	keys, err := s.userKeys(ctx, userIDs)
 	if err != nil {
 		return nil, err
 	}
-	out = append(out, read...)
-	if cache {
-		byUser := make(map[string][]storage.Device, len(missing))
-		for _, d := range read {
-			byUser[d.UserID] = append(byUser[d.UserID], d)
-		}
-		for _, u := range missing {
-			// Users without devices are cached too: they are asked for as
-			// often, and gaining a device is a change like any other.
-			s.devices.put(gen, u, u, byUser[u])
+	var out []storage.Device
+	for _, u := range userIDs {
+		if k := keys[u]; k != nil {
+			out = append(out, k.Devices...)
 		}
 	}
 	return out, nil
@@ -251,6 +232,11 @@ func (s *Store) deleteDevices(ctx context.Context, tx *txn, userID string, devic
 		if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
 			return nil, 0, err
 		}
+	}
+	// The signatures on the devices go with them.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM cross_signing_signatures WHERE target_user_id = $1 AND target_key_id IN (`+
+		placeholders(2, len(deleted))+`)`, args([]any{userID}, deleted)...); err != nil {
+		return nil, 0, err
 	}
 	if err := s.revokeTokens(ctx, tx, userID); err != nil {
 		return nil, 0, err

@@ -18,3 +18,7 @@ func OpenAtSchema(ctx context.Context, uri string, v int) (*Store, error) {
 	migrations = migrations[:v]
 	return Open(ctx, uri, "x")
 }
+
+// MigrationCount is the number of migrations, which differs from
+// SchemaVersion when version numbers skip some.
+func MigrationCount() int { return len(migrations) }

@@ -236,6 +236,98 @@ CREATE INDEX uia_sessions_expires ON uia_sessions (expires_ts);
 -- user ID is never registered again; 0 while the account is active
 ALTER TABLE accounts ADD COLUMN deactivated_ts {{BIGINT}} NOT NULL DEFAULT 0;
 `},
+	{8, "server-side key backups", `
+-- the last backup version number given to each user: versions count up
+-- from 1 and are never given twice, deleted ones included. Every change
+-- of a user's backups locks this row first, so they happen one at a time.
+CREATE TABLE backup_users (
+	user_id      {{TEXT}} PRIMARY KEY,
+	last_version {{BIGINT}} NOT NULL
+);
+
+-- the versions not deleted; the highest is the current one. etag is
+-- bumped by every change of the version's keys, key_count is their number.
+CREATE TABLE backup_versions (
+	user_id   {{TEXT}} NOT NULL,
+	version   {{BIGINT}} NOT NULL,
+	algorithm {{TEXT}} NOT NULL,
+	auth_data {{TEXT}} NOT NULL,
+	etag      {{BIGINT}} NOT NULL,
+	key_count {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, version)
+);
+
+-- session_data is the client's JSON object, opaque to the server
+CREATE TABLE backup_keys (
+	user_id             {{TEXT}} NOT NULL,
+	version             {{BIGINT}} NOT NULL,
+	room_id             {{TEXT}} NOT NULL,
+	session_id          {{TEXT}} NOT NULL,
+	first_message_index {{BIGINT}} NOT NULL,
+	forwarded_count     {{BIGINT}} NOT NULL,
+	is_verified         BOOLEAN NOT NULL,
+	session_data        {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, version, room_id, session_id)
+);
+`},
+	{9, "account data", `
+-- the newest content of each account data type of a user, global (room_id
+-- empty) or per room; pos is the stream position of its last change, from
+-- the same counter as device-list changes, so that /sync tokens cover it
+CREATE TABLE account_data (
+	user_id   {{TEXT}} NOT NULL,
+	room_id   {{TEXT}} NOT NULL,
+	data_type {{TEXT}} NOT NULL,
+	content   {{TEXT}} NOT NULL,
+	pos       {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, room_id, data_type)
+);
+CREATE INDEX account_data_changes ON account_data (user_id, pos);
+`},
+	{10, "cross-signing keys, signatures and their changes", `
+-- local users' cross-signing keys, one per usage (master, self_signing,
+-- user_signing), as canonical JSON with the signatures they came with
+CREATE TABLE cross_signing_keys (
+	user_id  {{TEXT}} NOT NULL,
+	usage    {{TEXT}} NOT NULL,
+	key_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, usage)
+);
+
+-- signatures uploaded apart from what they sign: on a local user's device
+-- (target_key_id is the device ID) or master key (its public key), by the
+-- signer's device or cross-signing key. Signatures by a replaced key stay,
+-- as Synapse keeps them; clients check them against the current keys.
+CREATE TABLE cross_signing_signatures (
+	target_user_id {{TEXT}} NOT NULL,
+	target_key_id  {{TEXT}} NOT NULL,
+	signer_user_id {{TEXT}} NOT NULL,
+	signer_key_id  {{TEXT}} NOT NULL,
+	signature      {{TEXT}} NOT NULL,
+	PRIMARY KEY (target_user_id, target_key_id, signer_user_id, signer_key_id)
+);
+
+-- changes of cross-signing keys, in the device-list stream: everyone
+-- sharing a room with the user is told, or with owner_only the user alone
+-- (user-signing keys and what they sign). Kept apart from
+-- device_list_changes, whose positions are the stream_ids other servers
+-- follow device by device.
+CREATE TABLE cross_signing_changes (
+	pos        {{BIGINT}} PRIMARY KEY,
+	user_id    {{TEXT}} NOT NULL,
+	owner_only BOOLEAN NOT NULL
+);
+CREATE INDEX cross_signing_changes_user ON cross_signing_changes (user_id, pos);
+
+-- remote users' master and self-signing keys, cached with their device
+-- list (from /user/devices and m.signing_key_update) and dropped with it
+CREATE TABLE remote_cross_signing_keys (
+	user_id  {{TEXT}} NOT NULL,
+	usage    {{TEXT}} NOT NULL,
+	key_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, usage)
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

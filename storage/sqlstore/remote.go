@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 
 	"github.com/keyserver/keyserver/storage"
@@ -104,23 +105,45 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (_ map[
 		return out, nil
 	}
 
-	rows, err = s.q.QueryContext(ctx, `SELECT user_id, device_id, display_name, key_json FROM remote_devices
-		WHERE user_id IN (`+in+`) ORDER BY user_id, device_id`, args(nil, userIDs)...)
+	// The devices, and in the same statement the cross-signing keys (their
+	// usage in the device ID's column) and local users' signatures on them
+	// (target key, signer, signer's key, signature), told apart by the
+	// column "kind".
+	rows, err = s.q.QueryContext(ctx, `
+		SELECT user_id, device_id, display_name, key_json, '', 0 AS kind FROM remote_devices WHERE user_id IN (`+in+`)
+		UNION ALL
+		SELECT user_id, usage, NULL, key_json, '', 1 FROM remote_cross_signing_keys WHERE user_id IN (`+in+`)
+		UNION ALL
+		SELECT target_user_id, target_key_id, signer_user_id, signer_key_id, signature, 2 FROM cross_signing_signatures
+		WHERE target_user_id IN (`+in+`)
+		ORDER BY 1, 2, 3`, args(nil, userIDs)...)
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
-		var userID string
+		var userID, extra string
 		var d storage.RemoteDevice
 		var name sql.NullString
-		if err := rows.Scan(&userID, &d.DeviceID, &name, &d.KeyJSON); err != nil {
+		var kind int
+		if err := rows.Scan(&userID, &d.DeviceID, &name, &d.KeyJSON, &extra, &kind); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		if name.Valid {
 			d.DisplayName = &name.String
 		}
-		if l := out[userID]; l != nil {
+		l := out[userID]
+		switch {
+		case l == nil:
+		case kind == 1:
+			if l.CrossSigning == nil {
+				l.CrossSigning = map[string][]byte{}
+			}
+			l.CrossSigning[d.DeviceID] = d.KeyJSON
+		case kind == 2:
+			l.Signatures = append(l.Signatures, storage.CrossSigningSignature{TargetUserID: userID, TargetKeyID: d.DeviceID,
+				SignerUserID: name.String, SignerKeyID: string(d.KeyJSON), Signature: extra})
+		default:
 			l.Devices = append(l.Devices, d)
 		}
 	}
@@ -219,6 +242,10 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 				return err
 			}
 		}
+		keysChanged, err := s.replaceRemoteCrossSigning(ctx, tx, list.UserID, list.CrossSigning, true)
+		if err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `
 			INSERT INTO remote_device_lists (user_id, server_name, stream_id, fetched_ts) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (user_id) DO UPDATE SET stream_id = excluded.stream_id, fetched_ts = excluded.fetched_ts`,
@@ -246,7 +273,76 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 				return err
 			}
 		}
+		if keysChanged {
+			if _, err = s.recordCrossSigningChange(ctx, tx, list.UserID, list.UserID, false); err != nil {
+				return err
+			}
+		}
 		return nil
+	})
+}
+
+// replaceRemoteCrossSigning writes the cross-signing keys of a remote user
+// that differ from the cached ones; with all, the usages not named are
+// dropped. It reports whether anything changed.
+func (s *Store) replaceRemoteCrossSigning(ctx context.Context, tx *txn, userID string, keys map[string][]byte, all bool) (bool, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT usage, key_json FROM remote_cross_signing_keys WHERE user_id = $1`, userID)
+	if err != nil {
+		return false, err
+	}
+	old := map[string][]byte{}
+	for rows.Next() {
+		var usage string
+		var js []byte
+		if err := rows.Scan(&usage, &js); err != nil {
+			rows.Close()
+			return false, err
+		}
+		old[usage] = js
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	changed := false
+	for _, usage := range []string{storage.UsageMaster, storage.UsageSelfSigning} {
+		js, ok := keys[usage]
+		switch {
+		case ok && !bytes.Equal(old[usage], js):
+			if _, err := tx.ExecContext(ctx, `INSERT INTO remote_cross_signing_keys (user_id, usage, key_json) VALUES ($1, $2, $3)
+				ON CONFLICT (user_id, usage) DO UPDATE SET key_json = excluded.key_json`, userID, usage, string(js)); err != nil {
+				return false, err
+			}
+			changed = true
+		case !ok && all && old[usage] != nil:
+			if _, err := tx.ExecContext(ctx, `DELETE FROM remote_cross_signing_keys WHERE user_id = $1 AND usage = $2`, userID, usage); err != nil {
+				return false, err
+			}
+			changed = true
+		}
+	}
+	return changed, nil
+}
+
+// UpdateRemoteCrossSigning applies an m.signing_key_update to the cache of
+// a remote user's keys.
+func (s *Store) UpdateRemoteCrossSigning(ctx context.Context, userID string, keys map[string][]byte) (_ storage.Change, err error) {
+	defer named("UpdateRemoteCrossSigning", &err)
+	return s.writeChange(ctx, func(tx *txn) error {
+		var streamID int64
+		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, userID).Scan(&streamID)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil // not tracked: nothing cached to update
+		}
+		if err != nil {
+			return err
+		}
+		changed, err := s.replaceRemoteCrossSigning(ctx, tx, userID, keys, false)
+		if err != nil || !changed {
+			return err
+		}
+		_, err = s.recordCrossSigningChange(ctx, tx, userID, userID, false)
+		return err
 	})
 }
 

@@ -52,10 +52,11 @@ type Store struct {
 	q      pool
 	stmts  *stmtCache
 	wstmts *stmtCache
-	// tokens caches access token owners by token hash, devices local
-	// users' devices with keys (see userCache).
+	// tokens caches access token owners by token hash, devices what key
+	// queries show of local users: devices with keys, cross-signing keys
+	// and signatures (see userCache).
 	tokens  *userCache[tokenOwner]
-	devices *userCache[[]storage.Device]
+	devices *userCache[*cachedKeys]
 	d       dialect
 	// serverName tells local users (whose changes go out over federation)
 	// from remote ones.
@@ -116,7 +117,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
-		devices: newUserCache[[]storage.Device](d.name == "sqlite3", cacheTTL, 10_000)}
+		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000)}
 	if err := db.PingContext(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -386,6 +387,20 @@ func (s *Store) revokeTokens(ctx context.Context, tx *txn, userID string) error 
 	return err
 }
 
+// revokeUserKeys drops the cached keys of a local user (devices,
+// cross-signing keys, signatures on them) once tx commits, here and, on
+// PostgreSQL, in the other daemons sharing the database. It must come
+// before the stream advance (nextPos) of the change, so that other daemons
+// drop their copy before they wake anyone for it.
+func (s *Store) revokeUserKeys(ctx context.Context, tx *txn, userID string) error {
+	tx.onCommit(func() { s.devices.revoke(userID) })
+	if s.d.name != "postgres" {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+devicesChannel+`', $1)`, userID)
+	return err
+}
+
 // recordDeviceChange adds a device-list change of userID at a new position.
 func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
 	pos, err := s.nextPos(ctx, tx)
@@ -402,36 +417,47 @@ func (s *Store) recordDeviceChange(ctx context.Context, tx *txn, userID, deviceI
 // which concerns the local users sharing a room with them.
 func (s *Store) recordRemoteChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
 	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
-	if err != nil || tx.lookedUp[userID] {
-		return pos, err
+	if err != nil {
+		return 0, err
+	}
+	return pos, s.concernRoomMates(ctx, tx, userID)
+}
+
+// concernRoomMates adds to tx's concerned users userID, when local, and
+// the local users sharing a room with them (once per user and
+// transaction).
+func (s *Store) concernRoomMates(ctx context.Context, tx *txn, userID string) error {
+	if tx.lookedUp[userID] {
+		return nil
 	}
 	mates, err := s.txUserList(ctx, tx, `
 		SELECT DISTINCT ours.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
 		WHERE theirs.user_id = $1 AND theirs.membership = 'join' AND ours.membership = 'join' AND ours.user_id LIKE $2`,
 		userID, s.localPattern())
 	if err != nil {
-		return 0, err
+		return err
 	}
 	tx.concern(mates...)
+	if s.isLocal(userID) {
+		tx.concern(userID)
+	}
 	if tx.lookedUp == nil {
 		tx.lookedUp = map[string]bool{}
 	}
 	tx.lookedUp[userID] = true
-	return pos, nil
+	return nil
 }
+
+// isLocal reports whether userID is one of this server's users.
+func (s *Store) isLocal(userID string) bool { return strings.HasSuffix(userID, ":"+s.serverName) }
 
 // recordLocalChange records a change of a local user's device list and
 // queues it for every remote server sharing a room with the user now, in
 // the caller's transaction: a change is never committed without its
 // delivery being due. The user's cached devices are dropped at commit.
 func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID string, deleted bool) (storage.StreamPos, error) {
-	tx.onCommit(func() { s.devices.revoke(userID) })
-	if s.d.name == "postgres" {
-		// Before the stream advance (nextPos), so that other daemons drop
-		// their copy before they wake anyone for the change.
-		if _, err := tx.ExecContext(ctx, `SELECT pg_notify('`+devicesChannel+`', $1)`, userID); err != nil {
-			return 0, err
-		}
+	if err := s.revokeUserKeys(ctx, tx, userID); err != nil {
+		return 0, err
 	}
 	pos, err := s.recordDeviceChange(ctx, tx, userID, deviceID, deleted)
 	if err != nil {
@@ -447,6 +473,10 @@ func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID
 		return 0, err
 	}
 	tx.concern(userID)
+	if tx.lookedUp == nil {
+		tx.lookedUp = map[string]bool{}
+	}
+	tx.lookedUp[userID] = true // its local room-mates are concerned below
 	dests := map[string]bool{}
 	for rows.Next() {
 		var other string

@@ -28,11 +28,15 @@ const sharesRoom = `EXISTS (
 
 // The users whose device lists user $1 must re-fetch after position $2, up
 // to $3: users sharing a room with $1 (or $1 itself) with a device change
-// in the range, and users with whom $1 began to share a room in the range
+// or a cross-signing change in the range (one for the owner only counts for
+// $1 alone), and users with whom $1 began to share a room in the range
 // (either joined a room the other is in).
 var changedQuery = `
 SELECT c.user_id FROM device_list_changes c
 WHERE (c.user_id = $1 OR ` + fmt.Sprintf(sharesRoom, "c.user_id") + `) AND c.pos > $2 AND c.pos <= $3
+UNION
+SELECT x.user_id FROM cross_signing_changes x
+WHERE (x.user_id = $1 OR (NOT x.owner_only AND ` + fmt.Sprintf(sharesRoom, "x.user_id") + `)) AND x.pos > $2 AND x.pos <= $3
 UNION
 SELECT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
 WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join' AND theirs.user_id <> $1
@@ -156,7 +160,7 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 				}
 			}
 			if membership == storage.MembershipLeave && !shares {
-				for _, table := range []string{"remote_devices", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
+				for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
 					if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id = $1`, u); err != nil {
 						return err
 					}

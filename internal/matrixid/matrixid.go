@@ -1,0 +1,36 @@
+// Package matrixid checks the identifiers clients name in requests that
+// this server stores without resolving them (room IDs, session IDs).
+package matrixid
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxLength is the longest identifier accepted: the spec's limit for room
+// and event IDs.
+const MaxLength = 255
+
+// ValidRoomID accepts "!" followed by an opaque part of at most 254 bytes
+// in printable UTF-8. The ":server" suffix is not required: room IDs of
+// room version 12 have none.
+func ValidRoomID(s string) bool {
+	return strings.HasPrefix(s, "!") && len(s) > 1 && printable(s)
+}
+
+// ValidOpaqueID accepts an identifier the server only stores and compares
+// (a megolm session ID, an account data type): 1 to 255 bytes of
+// printable UTF-8.
+func ValidOpaqueID(s string) bool { return s != "" && printable(s) }
+
+func printable(s string) bool {
+	if len(s) > MaxLength || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,75 @@
+package keyserver
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Account data in /sync.
+//
+// Account data changes (package accountdata) take their positions from
+// the same stream as device-list and membership changes: the counter of
+// storage.StreamPos, allocated in the transaction of the change. A /sync
+// token "s<pos>" therefore stands for "every change up to pos", account
+// data included, and tokens handed out before account data existed stay
+// valid (they come before any account data change). A change wakes the
+// waiting /sync requests as any stream advance does, on every daemon
+// sharing the database; each checks whether the change is its user's.
+//
+// Room account data is stored with the same positions. Once /sync has
+// rooms, the entries of AccountDataChanges with a RoomID go under
+// rooms.join.{roomId}.account_data.events, from the same range; until
+// then a room's account data is only read back with GET and does not end
+// a waiting /sync.
+
+// AccountDataSource gives /sync a user's account data changes (the store).
+type AccountDataSource interface {
+	// AccountDataChanges returns the user's account data whose last change
+	// is in (from, to], in the order of the changes; from 0: all of it.
+	AccountDataChanges(ctx context.Context, userID string, from, to storage.StreamPos) ([]storage.AccountData, error)
+}
+
+// AccountDataSection is the account_data part of a /sync answer.
+type AccountDataSection struct {
+	Events []AccountDataEvent `json:"events"`
+}
+
+// AccountDataEvent is one type of account data with its newest content.
+type AccountDataEvent struct {
+	Type    string          `json:"type"`
+	Content json.RawMessage `json:"content"`
+}
+
+// accountDataSection returns the user's global account data changed in
+// (from, to], nil when there is no account data source.
+func (s *Service) accountDataSection(ctx context.Context, userID string, from, to storage.StreamPos) (*AccountDataSection, error) {
+	if s.opts.AccountData == nil {
+		return nil, nil
+	}
+	changes, err := s.opts.AccountData.AccountDataChanges(ctx, userID, from, to)
+	if err != nil {
+		return nil, err
+	}
+	section := &AccountDataSection{Events: []AccountDataEvent{}}
+	for _, d := range changes {
+		if d.RoomID == "" {
+			section.Events = append(section.Events, AccountDataEvent{Type: d.Type, Content: d.Content})
+		}
+	}
+	return section, nil
+}
+
+// accountDataNews reports whether the user's global account data changed
+// in (from, to]: news that ends a waiting /sync.
+func (s *Service) accountDataNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
+	section, err := s.accountDataSection(ctx, userID, from, to)
+	return section != nil && len(section.Events) > 0, err
+}
+
+// StreamAdvanced tells this daemon's waiting /sync requests of a change
+// committed by another package (account data; Pos 0: none), those of the
+// users it concerns. Other daemons sharing the database hear of it from
+// the database.
+func (s *Service) StreamAdvanced(ch storage.Change) { s.streamAdvanced(ch) }
