@@ -21,6 +21,9 @@ func TestDomainDoesNotDependOnRouter(t *testing.T) {
 		"github.com/keyserver/keyserver/devicelist/sender",
 		"github.com/keyserver/keyserver/devicelist/updater",
 		"github.com/keyserver/keyserver/syncnotify",
+		"github.com/keyserver/keyserver/crosssigning",
+		"github.com/keyserver/keyserver/keybackup",
+		"github.com/keyserver/keyserver/accountdata",
 	}
 	for _, pkg := range pkgs {
 		out, err := exec.Command(goTool, "list", "-deps", pkg).CombinedOutput()
