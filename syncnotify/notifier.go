@@ -11,8 +11,9 @@ import (
 )
 
 // Notifier wakes long-polling /sync requests. Two kinds of event matter: the
-// stream advanced (a device list or membership changed: the waiters of the
-// users the change concerns check what it brings them), and a user's own
+// stream advanced (a device list, cross-signing keys, a membership or
+// account data changed: the waiters of the users the change concerns, as
+// the write reported them, check what it brings them), and a user's own
 // key counts changed (one of their one-time or fallback keys was claimed).
 // Either wakes only the waiters of the users named, so a change costs work
 // in proportion to the users it concerns, not to every waiting request.
