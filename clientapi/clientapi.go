@@ -23,6 +23,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 )
 
 // Options configure the client API.
@@ -47,6 +48,8 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// Rooms serves the room endpoints; nil: not served.
+	Rooms *roomserver.Service
 }
 
 // API serves the client-server API.
@@ -111,6 +114,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
+		a.roomRoutes(s)
 	}
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
@@ -330,9 +334,15 @@ func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
 }
 
 func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
-	return map[string]any{"capabilities": map[string]any{
+	caps := map[string]any{
 		"m.change_password": map[string]bool{"enabled": true},
-	}}, nil
+	}
+	if a.opts.Rooms != nil {
+		caps["m.room_versions"] = map[string]any{
+			"default": string(roomserver.DefaultRoomVersion), "available": roomserver.RoomVersions(),
+		}
+	}
+	return map[string]any{"capabilities": caps}, nil
 }
 
 func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {

@@ -190,9 +190,21 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 	if err != nil {
 		return err
 	}
-	s.streamAdvanced(res.Change)
-	if len(res.NewlyStale) > 0 && s.updater != nil {
+	s.membershipChanged(res.Change, res.NewlyStale)
+	return nil
+}
+
+// RoomWritten follows a committed write of room events (package
+// roomserver): membership events in it changed who shares a room with
+// whom in the same transaction. The waiting /sync requests of the local
+// users concerned wake, and newly tracked remote lists are fetched.
+func (s *Service) RoomWritten(res storage.RoomWriteResult) {
+	s.membershipChanged(res.Change, res.NewlyStale)
+}
+
+func (s *Service) membershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {
+	s.streamAdvanced(ch)
+	if len(newlyStale) > 0 && s.updater != nil {
 		s.updater.Wake()
 	}
-	return nil
 }

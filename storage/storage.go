@@ -436,4 +436,6 @@ type Database interface {
 const (
 	MembershipJoin  = "join"
 	MembershipLeave = "leave"
+	// MembershipInvite shares the room like a join for device lists.
+	MembershipInvite = "invite"
 )

@@ -32,6 +32,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
@@ -248,6 +249,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
+			Rooms: roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
+				Sink: d.ks, Logger: log}),
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

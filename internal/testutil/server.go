@@ -24,6 +24,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
@@ -82,6 +83,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
+	_, signingKey, _ := ed25519.GenerateKey(rand.Reader)
 	ks := keyserver.New(store, keyserver.Options{
 		ServerName:        o.ServerName,
 		RegistrationOpen:  !o.RegistrationClosed,
@@ -97,7 +99,9 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
-		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced)})
+		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
+		Rooms: roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
+			Sink: ks, Logger: log, Now: o.Now})})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()
