@@ -458,7 +458,8 @@ func (a *API) sync(r *http.Request, c keyserver.Caller) (any, error) {
 		}
 		timeout = time.Duration(min(ms, int64(24*time.Hour/time.Millisecond))) * time.Millisecond
 	}
-	return a.ks.Sync(r.Context(), c, q.Get("since"), timeout)
+	return a.ks.Sync(r.Context(), c, q.Get("since"), timeout, keyserver.SyncOptions{
+		Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"})
 }
 
 func (a *API) setMembership(r *http.Request) (any, error) {

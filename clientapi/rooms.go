@@ -40,6 +40,32 @@ func (a *API) roomRoutes(s prefixed) {
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.putAlias)).Methods(http.MethodPut)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.getAlias)).Methods(http.MethodGet)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.deleteAlias)).Methods(http.MethodDelete)
+	s.Handle("/user/{userId}/filter", a.authed(a.putFilter)).Methods(http.MethodPost)
+	s.Handle("/user/{userId}/filter/{filterId}", a.authed(a.getFilter)).Methods(http.MethodGet)
+}
+
+func (a *API) putFilter(r *http.Request, c keyserver.Caller) (any, error) {
+	userID, err := pathVar(r, "userId")
+	if err != nil {
+		return nil, err
+	}
+	var filter json.RawMessage
+	if err := a.decode(r, &filter); err != nil {
+		return nil, err
+	}
+	id, err := a.opts.Rooms.PutFilter(r.Context(), c.UserID, userID, filter)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"filter_id": id}, nil
+}
+
+func (a *API) getFilter(r *http.Request, c keyserver.Caller) (any, error) {
+	v, err := pathVars(r, "userId", "filterId")
+	if err != nil {
+		return nil, err
+	}
+	return a.opts.Rooms.GetFilter(r.Context(), c.UserID, v[0], v[1])
 }
 
 // pathVars decodes several path parameters.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -72,6 +73,8 @@ type SyncResponse struct {
 	DeviceUnusedFallbackKeyTypes []string         `json:"device_unused_fallback_key_types"`
 	// AccountData is present when the service has an account data source.
 	AccountData *AccountDataSection `json:"account_data,omitempty"`
+	// Rooms is present when the service has rooms (see syncrooms.go).
+	Rooms *roomserver.SyncRooms `json:"rooms,omitempty"`
 }
 
 // Sync answers /sync. Without since it returns the current state at once.
@@ -80,7 +83,11 @@ type SyncResponse struct {
 // there is none yet; it also returns early when the caller's own key
 // counts change (a key was claimed). Waiting is driven by the notifier:
 // the database is read again only when something was written.
-func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration) (SyncResponse, error) {
+func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
+	filter, err := s.syncFilter(ctx, c.UserID, o)
+	if err != nil {
+		return SyncResponse{}, err
+	}
 	var sincePos storage.StreamPos
 	if since != "" {
 		var err error
@@ -128,22 +135,33 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 					lists = &ChangesResponse{Changed: ch.Changed, Left: ch.Left}
 				} else if news, err = s.accountDataNews(ctx, c.UserID, checked, cur); err != nil {
 					return SyncResponse{}, err
+				} else if !news {
+					if news, err = s.roomsNews(ctx, c.UserID, checked, cur); err != nil {
+						return SyncResponse{}, err
+					}
 				}
 				checked = cur
 			}
 		}
+		respond := func(lists *ChangesResponse) (SyncResponse, error) {
+			res, err := s.syncResponse(ctx, c, sincePos, cur, lists)
+			if err == nil {
+				res.Rooms, err = s.roomsSection(ctx, c.UserID, sincePos, cur, o, filter)
+			}
+			return res, err
+		}
 		if lists != nil || news || timer == nil {
-			return s.syncResponse(ctx, c, sincePos, cur, lists)
+			return respond(lists)
 		}
 		select {
 		case <-streamCh:
 			continue
 		case <-sub.User():
-			return s.syncResponse(ctx, c, sincePos, cur, nil)
+			return respond(nil)
 		case <-timer:
-			return s.syncResponse(ctx, c, sincePos, cur, nil)
+			return respond(nil)
 		case <-sub.Closing():
-			return s.syncResponse(ctx, c, sincePos, cur, nil)
+			return respond(nil)
 		case <-ctx.Done():
 			return SyncResponse{}, ctx.Err()
 		}

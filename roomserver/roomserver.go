@@ -86,6 +86,7 @@ type Store interface {
 	RoomAlias(ctx context.Context, alias string) (storage.RoomAlias, error)
 	DeleteRoomAlias(ctx context.Context, alias string) error
 	ForgetRoom(ctx context.Context, userID, roomID string) error
+	SyncStore
 }
 
 // MembershipSink is the device-list side's one view of rooms: told of

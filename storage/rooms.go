@@ -72,9 +72,12 @@ type RoomWriteResult struct {
 	NewlyStale []StaleUser
 }
 
-// RoomMember is a user's current membership of a room.
+// RoomMember is a user's current membership of a room, with the event
+// that set it and that event's stream position.
 type RoomMember struct {
 	RoomID, UserID, Membership string
+	EventID                    string
+	Pos                        StreamPos
 }
 
 // RoomAlias is an alias and the room it names.

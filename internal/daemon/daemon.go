@@ -237,6 +237,9 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.fed = fedclient.New(fo)
 	ko.Federation = d.fed
 	d.ks = keyserver.New(store, ko)
+	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
+		Sink: d.ks, Logger: log})
+	d.ks.SetRooms(rooms)
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
@@ -249,8 +252,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
-			Rooms: roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-				Sink: d.ks, Logger: log}),
+			Rooms:           rooms,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

@@ -96,12 +96,14 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		LaxKeyValidation:  o.LaxKeyValidation,
 		AccountData:       store,
 	})
+	rooms := roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
+		Sink: ks, Logger: log, Now: o.Now})
+	ks.SetRooms(rooms)
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
-		Rooms: roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
-			Sink: ks, Logger: log, Now: o.Now})})
+		Rooms: rooms})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

@@ -263,7 +263,8 @@ func (s *Store) RoomMembership(ctx context.Context, roomID, userID string) (_ st
 // room this server knows, forgotten rooms left out.
 func (s *Store) UserRoomMemberships(ctx context.Context, userID string) (_ []storage.RoomMember, err error) {
 	defer named("UserRoomMemberships", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT c.room_id, c.membership FROM room_current_state c
+	rows, err := s.q.QueryContext(ctx, `SELECT c.room_id, c.membership, e.event_id, c.pos
+		FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
 		WHERE c.event_type = 'm.room.member' AND c.state_key = $1
 		AND NOT EXISTS (SELECT 1 FROM room_forgotten f WHERE f.user_id = $1 AND f.room_id = c.room_id)
 		ORDER BY c.room_id`, userID)
@@ -274,7 +275,7 @@ func (s *Store) UserRoomMemberships(ctx context.Context, userID string) (_ []sto
 	var out []storage.RoomMember
 	for rows.Next() {
 		m := storage.RoomMember{UserID: userID}
-		if err := rows.Scan(&m.RoomID, &m.Membership); err != nil {
+		if err := rows.Scan(&m.RoomID, &m.Membership, &m.EventID, &m.Pos); err != nil {
 			return nil, err
 		}
 		out = append(out, m)
@@ -344,4 +345,60 @@ func (s *Store) ForgetRoom(ctx context.Context, userID, roomID string) (err erro
 		_, err := tx.ExecContext(ctx, `INSERT INTO room_forgotten (user_id, room_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, userID, roomID)
 		return err
 	})
+}
+
+// RoomTimeline returns the newest events of a room with positions in
+// (from, to], at most limit of them, oldest first, and whether there were
+// more (the timeline is limited). Rejected and soft-failed events are
+// never shown.
+func (s *Store) RoomTimeline(ctx context.Context, roomID string, from, to storage.StreamPos, limit int) (_ []storage.RoomEvent, limited bool, err error) {
+	defer named("RoomTimeline", &err)
+	evs, err := s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_events e
+		WHERE e.room_id = $1 AND e.pos > $2 AND e.pos <= $3 AND e.rejected = 0 AND e.soft_failed = 0
+		ORDER BY e.pos DESC LIMIT $4`, roomID, from, to, limit+1)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(evs) > limit {
+		evs, limited = evs[:limit], true
+	}
+	slices.Reverse(evs)
+	return evs, limited, nil
+}
+
+// RoomNews reports whether an event of a room the user has a membership
+// of has a position in (from, to].
+func (s *Store) RoomNews(ctx context.Context, userID string, from, to storage.StreamPos) (_ bool, err error) {
+	defer named("RoomNews", &err)
+	if to <= from {
+		return false, nil
+	}
+	var n int
+	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM room_current_state c
+		JOIN room_events e ON e.room_id = c.room_id
+		WHERE c.event_type = 'm.room.member' AND c.state_key = $1 AND e.pos > $2 AND e.pos <= $3 LIMIT 1) news`, userID, from, to).Scan(&n)
+	return n > 0, err
+}
+
+// PutSyncFilter stores a user's filter and returns its ID, the user's
+// next number.
+func (s *Store) PutSyncFilter(ctx context.Context, userID string, filter []byte) (_ int64, err error) {
+	defer named("PutSyncFilter", &err)
+	var id int64
+	err = s.write(ctx, func(tx *txn) error {
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(filter_id), -1) + 1 FROM sync_filters WHERE user_id = $1`, userID).Scan(&id); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO sync_filters (user_id, filter_id, filter_json) VALUES ($1, $2, $3)`, userID, id, string(filter))
+		return err
+	})
+	return id, err
+}
+
+// SyncFilter returns a user's filter, or storage.ErrNotFound.
+func (s *Store) SyncFilter(ctx context.Context, userID string, id int64) (_ []byte, err error) {
+	defer named("SyncFilter", &err)
+	var js string
+	err = s.q.QueryRowContext(ctx, `SELECT filter_json FROM sync_filters WHERE user_id = $1 AND filter_id = $2`, userID, id).Scan(&js)
+	return []byte(js), notFound(err)
 }
