@@ -9,10 +9,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/matrix-org/gomatrixserverlib"
 
+	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -427,4 +429,93 @@ func TestRoomAliases(t *testing.T) {
 		expectError(t, srv, "GET", path, alice.Token, nil, 404, "M_NOT_FOUND")
 		expectError(t, srv, "DELETE", path, alice.Token, nil, 404, "M_NOT_FOUND")
 	})
+}
+
+// sendConcurrently sends n messages at once into a room, each through one
+// of the servers in turn, and returns their event IDs.
+func sendConcurrently(t *testing.T, servers []*testutil.Server, u *testutil.User, roomID string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	errs := make(chan string, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			srv := servers[i%len(servers)]
+			r := srv.Do(t, "PUT", roomPath(roomID, "/send/m.room.message/c"+strconv.Itoa(i)), u.Token, map[string]any{"body": strconv.Itoa(i)})
+			if r.Status != http.StatusOK {
+				errs <- string(r.Raw)
+				return
+			}
+			ids[i] = r.Body["event_id"].(string)
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatalf("a concurrent send failed: %s", e)
+	}
+	return ids
+}
+
+// expectLinearRoom checks that a room's events form one chain: each
+// event's prev_events is the event before it, depths count up, and the
+// room's one extremity is the last.
+func expectLinearRoom(t *testing.T, srv *testutil.Server, roomID string, sent []string) {
+	t.Helper()
+	room, err := srv.Store.Room(context.Background(), roomID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, _, err := srv.Store.RoomTimeline(context.Background(), roomID, 0, 1<<62, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, ev := range evs {
+		var pdu struct {
+			PrevEvents []string `json:"prev_events"`
+			Depth      int64    `json:"depth"`
+		}
+		if err := json.Unmarshal(ev.JSON, &pdu); err != nil {
+			t.Fatal(err)
+		}
+		if pdu.Depth != int64(i+1) || (i > 0 && !slices.Equal(pdu.PrevEvents, []string{evs[i-1].EventID})) {
+			t.Fatalf("event %d: depth %d, prev %v", i, pdu.Depth, pdu.PrevEvents)
+		}
+		seen[ev.EventID] = true
+	}
+	for _, id := range sent {
+		if !seen[id] {
+			t.Fatalf("event %s is not in the room", id)
+		}
+	}
+	if !slices.Equal(room.Extremities, []string{evs[len(evs)-1].EventID}) || room.Depth != int64(len(evs)) {
+		t.Fatalf("room %+v after %d events", room, len(evs))
+	}
+}
+
+// Concurrent sends into one room each get their own event, one after
+// the other in one chain.
+func TestRoomConcurrentSends(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		roomID := createRoom(t, srv, alice, map[string]any{})
+		ids := sendConcurrently(t, []*testutil.Server{srv}, alice, roomID, 16)
+		expectLinearRoom(t, srv, roomID, ids)
+	})
+}
+
+// Two daemons sharing a PostgreSQL database write into one room at once:
+// a write built on extremities the other daemon has moved is built again.
+func TestRoomSendsFromTwoDaemons(t *testing.T) {
+	db := testutil.Postgres(t)
+	a1 := testutil.StartNode(t, db, nil)
+	a2 := testutil.StartNode(t, db, func(c *config.Config) { c.ServerName = a1.ServerName })
+	alice := a1.Register(t, "alice", "")
+	roomID := createRoom(t, a1.Server, alice, map[string]any{})
+	ids := sendConcurrently(t, []*testutil.Server{a1.Server, a2.Server}, alice, roomID, 16)
+	expectLinearRoom(t, a1.Server, roomID, ids)
 }

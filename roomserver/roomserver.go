@@ -283,7 +283,7 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 func errNoRoom(roomID string) error { return mxerr.NotFound("unknown room %s", roomID) }
 
 // maxAttempts bounds the rebuilds of an event whose room moved under it.
-const maxAttempts = 5
+const maxAttempts = 20
 
 // send builds one event on a room's current state and writes it; txn
 // (optional) records it as a client transaction's result.
