@@ -6,7 +6,8 @@
 // and one-time keys. Then each phase runs for a fixed time with concurrent
 // clients: query (keys of random users), claim (one key of a random
 // device), upload (fresh one-time keys to a random device with room for
-// them, as a client that reads its key count would) and mixed (80/10/10).
+// them, as a client that reads its key count would) and mixed (80/10/10);
+// on request, the room phases room-create, room-join and room-send.
 // It checks
 // what it measures: no claimed key may be handed out twice, and a sample of
 // queried device keys must carry valid signatures.
@@ -62,7 +63,8 @@ func main() {
 	flag.IntVar(&o.queryUsers, "query-users", 20, "users named in each /keys/query")
 	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
-	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order")
+	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order; "+
+		"also room-create, room-join and room-send")
 	flag.IntVar(&o.presign, "presign", 60, "upload-phase bodies signed per device before the phases start, so that "+
 		"the tool's CPU during a phase goes to sending requests; more are signed as they are sent")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
@@ -133,6 +135,8 @@ type bench struct {
 	twice     atomic.Int64
 	verified  atomic.Int64
 	badSigs   atomic.Int64
+
+	pool *roomPool // the rooms of the room phases (see rooms.go)
 }
 
 func run(ctx context.Context, o options, out io.Writer) error {
@@ -146,6 +150,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "set-up: %d users, %d devices, %d one-time keys each, in %s\n",
 		o.users, len(b.devices), o.otks, time.Since(start).Round(time.Millisecond))
+	if usesRooms(o.phases) {
+		if err := b.setupRooms(ctx); err != nil {
+			return err
+		}
+	}
 	var results []phaseResult
 	for _, name := range strings.Split(o.phases, ",") {
 		op, ok := b.ops()[name]
@@ -364,7 +373,8 @@ func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
 type op func(ctx context.Context, rng *mrand.Rand) error
 
 func (b *bench) ops() map[string]op {
-	m := map[string]op{"query": b.query, "claim": b.claim, "upload": b.uploadKeys}
+	m := map[string]op{"query": b.query, "claim": b.claim, "upload": b.uploadKeys,
+		"room-create": b.roomCreate, "room-join": b.roomJoin, "room-send": b.roomSend}
 	m["mixed"] = func(ctx context.Context, rng *mrand.Rand) error {
 		switch n := rng.IntN(10); {
 		case n < 8:

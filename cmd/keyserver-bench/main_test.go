@@ -18,12 +18,13 @@ func TestBenchAgainstServer(t *testing.T) {
 	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
 	var out bytes.Buffer
 	o := options{url: srv.URL, users: 4, devices: 2, otks: 5, clients: 2, queryUsers: 3, upload: 2,
-		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed", seed: 1,
+		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed,room-create,room-join,room-send", seed: 1,
 		presign: 3} // few enough that uploads also sign keys as they go
 	if err := run(context.Background(), o, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	for _, want := range []string{"set-up: 4 users, 8 devices", "query", "claim", "upload", "mixed", "keys handed out twice: 0"} {
+	for _, want := range []string{"set-up: 4 users, 8 devices", "query", "claim", "upload", "mixed",
+		"room-create", "room-join", "room-send", "keys handed out twice: 0"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
