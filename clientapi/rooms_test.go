@@ -400,8 +400,13 @@ func TestRoomMembership(t *testing.T) {
 			t.Fatalf("join by alias answered %v", got)
 		}
 		expectUsers(t, "carol's rooms", joinedRooms(carol), []string{pub})
-		// Joining again changes nothing visible.
+		// Joining again succeeds and makes no event.
+		before := len(roomState(t, srv, alice, pub))
+		room, _ := srv.Store.Room(context.Background(), pub)
 		srv.Must(t, "POST", roomPath(pub, "/join"), carol.Token, nil)
+		if again, _ := srv.Store.Room(context.Background(), pub); again.Depth != room.Depth || len(roomState(t, srv, alice, pub)) != before {
+			t.Fatalf("a second join made an event: depth %d -> %d", room.Depth, again.Depth)
+		}
 	})
 }
 

@@ -33,6 +33,12 @@ func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string
 	} else if err != nil {
 		return "", err
 	}
+	// Joining again changes nothing (as in Synapse): no new event.
+	if m, err := s.db.RoomMembership(ctx, roomID, userID); err != nil {
+		return "", err
+	} else if m == spec.Join {
+		return roomID, nil
+	}
 	if _, err := s.member(ctx, roomID, userID, userID, spec.Join, reason); err != nil {
 		return "", err
 	}

@@ -77,6 +77,7 @@ type Store interface {
 	WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (storage.RoomWriteResult, error)
 	Room(ctx context.Context, roomID string) (storage.Room, error)
 	RoomCurrentState(ctx context.Context, roomID string) ([]storage.RoomEvent, error)
+	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
@@ -300,6 +301,10 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 			return nil, err
 		}
 	}
+	needed, err := stateNeeded(sender, evType, stateKey, content)
+	if err != nil {
+		return nil, err
+	}
 	for attempt := 0; ; attempt++ {
 		room, err := s.db.Room(ctx, roomID)
 		if errors.Is(err, storage.ErrNotFound) {
@@ -311,7 +316,8 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 		if err != nil {
 			return nil, mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", room.RoomVersion)
 		}
-		stored, err := s.db.RoomCurrentState(ctx, roomID)
+		// Only the state the auth rules look at is loaded.
+		stored, err := s.db.RoomStateEvents(ctx, roomID, needed)
 		if err != nil {
 			return nil, err
 		}
@@ -335,6 +341,25 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 		s.written(res)
 		return ev, nil
 	}
+}
+
+// stateNeeded lists the state an event's auth events come from
+// (gomatrixserverlib's selection).
+func stateNeeded(sender, evType string, stateKey *string, content any) ([]storage.StateKey, error) {
+	raw, err := json.Marshal(content)
+	if err != nil {
+		return nil, mxerr.BadJSON("the content cannot be encoded")
+	}
+	needed, err := gomatrixserverlib.StateNeededForProtoEvent(&gomatrixserverlib.ProtoEvent{
+		SenderID: sender, Type: evType, StateKey: stateKey, Content: raw})
+	if err != nil {
+		return nil, mxerr.BadJSON("%v", err)
+	}
+	var keys []storage.StateKey
+	for _, t := range needed.Tuples() {
+		keys = append(keys, storage.StateKey{Type: t.EventType, StateKey: t.StateKey})
+	}
+	return keys, nil
 }
 
 func (s *Service) written(res storage.RoomWriteResult) {

@@ -84,3 +84,8 @@ type RoomMember struct {
 type RoomAlias struct {
 	Alias, RoomID, Creator string
 }
+
+// StateKey names a piece of a room's state.
+type StateKey struct {
+	Type, StateKey string
+}

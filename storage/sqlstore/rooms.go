@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/keyserver/keyserver/storage"
@@ -57,8 +58,10 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 				return err
 			}
 		}
-		for _, ev := range w.Events {
-			if err := s.txWriteRoomEvent(ctx, tx, ev, &snapshot, &res, w.Now); err != nil {
+		nids := make([]int64, len(w.Events))
+		for i, ev := range w.Events {
+			var err error
+			if nids[i], err = s.txWriteRoomEvent(ctx, tx, ev, &snapshot); err != nil {
 				return err
 			}
 			depth = max(depth, ev.Depth)
@@ -72,6 +75,13 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 		if len(w.Events) > 0 {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO room_extremities (room_id, event_id) VALUES ($1, $2)`,
 				w.RoomID, w.Events[len(w.Events)-1].EventID); err != nil {
+				return err
+			}
+		}
+		// Stream positions last: the counter stays locked from the first
+		// one to the commit, holding up every other write of the server.
+		for i, ev := range w.Events {
+			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], &res, w.Now); err != nil {
 				return err
 			}
 		}
@@ -96,38 +106,35 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 }
 
 // txWriteRoomEvent writes one event after *snapshot (the state before
-// it), moving *snapshot past it when it is a state event.
-func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, snapshot *int64, res *storage.RoomWriteResult, now int64) error {
-	pos, err := s.nextPos(ctx, tx)
-	if err != nil {
-		return err
-	}
+// it), moving *snapshot past it when it is a state event, and returns its
+// nid. Its stream position comes later (txPlaceRoomEvent).
+func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, snapshot *int64) (int64, error) {
 	var stateKey any
 	if ev.StateKey != nil {
 		stateKey = *ev.StateKey
 	}
 	var nid int64
 	if err := tx.QueryRowContext(ctx, `INSERT INTO room_events
-		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before, pos)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING event_nid`,
-		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot, pos).Scan(&nid); err != nil {
-		return err
+		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING event_nid`,
+		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot).Scan(&nid); err != nil {
+		return 0, err
 	}
 	if ev.StateKey == nil {
-		return nil
+		return nid, nil
 	}
 	var next int64
 	if err := tx.QueryRowContext(ctx, `INSERT INTO room_state_snapshots (room_id) VALUES ($1) RETURNING snapshot_nid`, ev.RoomID).Scan(&next); err != nil {
-		return err
+		return 0, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid)
 		SELECT $1, event_type, state_key, event_nid FROM room_state_entries
 		WHERE snapshot_nid = $2 AND NOT (event_type = $3 AND state_key = $4)`, next, *snapshot, ev.Type, *ev.StateKey); err != nil {
-		return err
+		return 0, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid) VALUES ($1, $2, $3, $4)`,
 		next, ev.Type, *ev.StateKey, nid); err != nil {
-		return err
+		return 0, err
 	}
 	*snapshot = next
 	var membership any
@@ -135,9 +142,29 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 		membership = ev.Membership
 	}
 	if _, err := tx.ExecContext(ctx, `
-		INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos) VALUES ($1, $2, $3, $4, $5, $6)
-		ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership, pos = excluded.pos`,
-		ev.RoomID, ev.Type, *ev.StateKey, nid, membership, pos); err != nil {
+		INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos) VALUES ($1, $2, $3, $4, $5, 0)
+		ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership`,
+		ev.RoomID, ev.Type, *ev.StateKey, nid, membership); err != nil {
+		return 0, err
+	}
+	return nid, nil
+}
+
+// txPlaceRoomEvent gives a written event its stream position and, for a
+// membership event, changes the membership device lists read.
+func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, nid int64, res *storage.RoomWriteResult, now int64) error {
+	pos, err := s.nextPos(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE room_events SET pos = $1 WHERE event_nid = $2`, pos, nid); err != nil {
+		return err
+	}
+	if ev.StateKey == nil {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE room_current_state SET pos = $1
+		WHERE room_id = $2 AND event_type = $3 AND state_key = $4 AND event_nid = $5`, pos, ev.RoomID, ev.Type, *ev.StateKey, nid); err != nil {
 		return err
 	}
 	if ev.Type != "m.room.member" {
@@ -216,6 +243,26 @@ func (s *Store) RoomCurrentState(ctx context.Context, roomID string) (_ []storag
 	defer named("RoomCurrentState", &err)
 	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
 		WHERE c.room_id = $1 ORDER BY e.event_nid`, roomID)
+}
+
+// RoomStateEvents returns the events of a room's current state with the
+// given (type, state key) pairs, those that exist.
+func (s *Store) RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) (_ []storage.RoomEvent, err error) {
+	defer named("RoomStateEvents", &err)
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	var b strings.Builder
+	params := []any{roomID}
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(c.event_type = $" + strconv.Itoa(len(params)+1) + " AND c.state_key = $" + strconv.Itoa(len(params)+2) + ")")
+		params = append(params, k.Type, k.StateKey)
+	}
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
+		WHERE c.room_id = $1 AND (`+b.String()+`) ORDER BY e.event_nid`, params...)
 }
 
 // RoomStateBefore returns the state of a room before one of its events
