@@ -8,6 +8,7 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 )
 
@@ -437,3 +438,36 @@ const (
 	MembershipJoin  = "join"
 	MembershipLeave = "leave"
 )
+
+// ToDeviceMessage is a to-device message waiting in a local device's
+// inbox; Pos orders the inbox.
+type ToDeviceMessage struct {
+	Pos     StreamPos
+	Sender  string
+	Type    string
+	Content json.RawMessage
+}
+
+// ToDeviceSend is one send of to-device messages, stored in one
+// transaction: the messages of local devices, and EDUs for other servers.
+type ToDeviceSend struct {
+	// Origin and DeviceID name the sender for idempotency: a local user
+	// and device, or a server (DeviceID empty); TxnID (the client's
+	// transaction ID or the EDU's message_id) is stored once per origin
+	// and device, and a send that repeats one stores nothing.
+	Origin, DeviceID, TxnID string
+	Sender, Type            string
+	// Local maps local users to their devices ("*": every device) to the
+	// content; unknown users and devices are skipped.
+	Local map[string]map[string]json.RawMessage
+	// Remote are the m.direct_to_device EDUs queued for other servers.
+	Remote []OutboundEDU
+	Now    int64
+}
+
+// OutboundEDU is an EDU queued for another server; ID orders the queue.
+type OutboundEDU struct {
+	ID          int64
+	Destination string
+	Content     json.RawMessage
+}

@@ -83,6 +83,8 @@ type Options struct {
 	Logger logrus.FieldLogger
 	// Jitter draws a random duration in [0, n); math/rand by default.
 	Jitter func(n int64) int64
+	// ToDevice is the queue of to-device EDUs sent along; nil: none.
+	ToDevice EDUQueue
 }
 
 // DefaultWorkers is the size of the pool when Options.Workers is not set.
@@ -141,6 +143,7 @@ type destination struct {
 	// The batch being delivered, with its transaction and the attempts so
 	// far; nil when none is pending.
 	batch   []storage.OutboundUpdate
+	toDev   []storage.OutboundEDU
 	txn     fedclient.Transaction
 	txnID   string
 	attempt int
@@ -244,7 +247,11 @@ func (s *Sender) WakeAll(ctx context.Context) {
 		s.dbError(ctx, s.o.Logger, err, "reading the outbound queue")
 		return
 	}
-	for _, d := range dests {
+	more, err := s.toDeviceDestinations(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the outbound to-device queue")
+	}
+	for _, d := range append(dests, more...) {
 		s.wake(d, false)
 	}
 }
@@ -402,27 +409,43 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		s.setAside(d, d.retryAt) // the lease was due for renewal
 		return
 	}
-	if d.batch == nil {
+	if d.txnID == "" {
 		batch, err := s.db.PendingUpdates(ctx, d.name, maxEDUsPerTransaction)
 		if err != nil {
 			s.dbError(ctx, log, err, "outbound device-list queue")
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
 			return
 		}
-		if len(batch) == 0 {
+		toDev, err := s.pendingToDevice(ctx, d.name, maxEDUsPerTransaction-len(batch))
+		if err != nil {
+			s.dbError(ctx, log, err, "outbound to-device queue")
+			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+			return
+		}
+		if len(batch)+len(toDev) == 0 {
 			s.finish(ctx, d, log)
 			return
 		}
-		d.batch, d.attempt = batch, 0
+		d.batch, d.toDev, d.attempt = batch, toDev, 0
 		d.txnID = strconv.FormatInt(s.txn.Add(1), 10)
 		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli()}
 		for _, u := range batch {
 			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: "m.device_list_update", Content: s.eduContent(u)})
 		}
+		for _, e := range toDev {
+			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: directToDevice, Content: e.Content})
+		}
 	}
 	err = s.tr.SendTransaction(ctx, d.name, d.txnID, d.txn)
 	if err == nil {
-		if err := s.db.MarkUpdatesSent(ctx, d.name, d.batch); err != nil {
+		var err error
+		if len(d.batch) > 0 {
+			err = s.db.MarkUpdatesSent(ctx, d.name, d.batch)
+		}
+		if err == nil {
+			err = s.markToDeviceSent(ctx, d.name, d.toDev)
+		}
+		if err != nil {
 			// The batch is sent again, under the same transaction ID, so
 			// the receiver does not process it twice.
 			s.dbError(ctx, log, err, "outbound device-list queue")
@@ -432,8 +455,8 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if d.attempt >= 3 {
 			log.WithField("attempts", d.attempt+1).Info("device-list updates delivered after retries")
 		}
-		full := len(d.batch) == maxEDUsPerTransaction
-		d.batch, d.txn, d.txnID, d.attempt = nil, fedclient.Transaction{}, "", 0
+		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction
+		d.batch, d.toDev, d.txn, d.txnID, d.attempt = nil, nil, fedclient.Transaction{}, "", 0
 		if full {
 			s.requeue(d)
 		} else {
@@ -477,6 +500,13 @@ func (s *Sender) finish(ctx context.Context, d *destination, log logrus.FieldLog
 		s.dbError(ctx, log, err, "releasing a destination's lease")
 	}
 	pending, err := s.db.PendingUpdates(ctx, d.name, 1)
+	if err == nil && len(pending) == 0 {
+		var toDev []storage.OutboundEDU
+		toDev, err = s.pendingToDevice(ctx, d.name, 1)
+		if len(toDev) > 0 {
+			pending = make([]storage.OutboundUpdate, 1) // something waits
+		}
+	}
 	switch {
 	case err != nil:
 		s.dbError(ctx, log, err, "reading the outbound queue")

@@ -32,7 +32,9 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/todevice"
 )
 
 // Daemon is a running server.
@@ -227,9 +229,22 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
 		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
 		AccountData:               store,
+		ToDevice:                  store,
 		Logger:                    log,
 	}
 	ko.Sender.Workers = cfg.Federation.SenderWorkers
+	ko.Sender.ToDevice = store
+	// The to-device service tells the domain of its changes, and the
+	// domain hands it the EDUs of other servers: d.ks is set below, before
+	// any request is served.
+	toDevice := todevice.New(store, todevice.Options{
+		ServerName: cfg.ServerName, Federated: true,
+		RateLimit: limiter(cfg.ClientAPI.ToDeviceRateLimit),
+		Changed:   func(ch storage.Change) { d.ks.StreamAdvanced(ch) },
+		Queued:    func() { d.ks.OutboundQueued() },
+		Logger:    log,
+	})
+	ko.DirectToDevice = toDevice
 	if so.tune != nil {
 		so.tune(&ko, &fo)
 	}
@@ -248,6 +263,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
+			ToDevice:        toDevice,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

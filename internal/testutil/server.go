@@ -25,6 +25,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/todevice"
 )
 
 // AdminToken is the admin token of test servers.
@@ -45,6 +46,8 @@ type ServerOptions struct {
 	// passwords per account: off unless set, since tests log in many
 	// users from one address.
 	Login, Register, FailedLogins RateLimit
+	// ToDevice limits /sendToDevice per sending user (off unless set).
+	ToDevice RateLimit
 	// BcryptConcurrency bounds the password hashes computed at once
 	// (0: the daemon's default).
 	BcryptConcurrency int
@@ -93,11 +96,15 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		BcryptConcurrency: o.BcryptConcurrency,
 		LaxKeyValidation:  o.LaxKeyValidation,
 		AccountData:       store,
+		ToDevice:          store,
 	})
+	toDevice := todevice.New(store, todevice.Options{ServerName: o.ServerName, Logger: log, Now: o.Now,
+		RateLimit: o.ToDevice.limiter(o.Now), Changed: ks.StreamAdvanced})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
-		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced)})
+		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
+		ToDevice: toDevice})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

@@ -328,6 +328,43 @@ CREATE TABLE remote_cross_signing_keys (
 	PRIMARY KEY (user_id, usage)
 );
 `},
+	{12, "to-device messages", `
+-- the to-device messages waiting for a local device, in the order of pos:
+-- a position of the stream counter, taken by the transaction that stored
+-- the message (one message per device and position), so that a /sync
+-- token can say up to where a device has received its messages
+CREATE TABLE to_device_inbox (
+	user_id    {{TEXT}} NOT NULL,
+	device_id  {{TEXT}} NOT NULL,
+	pos        {{BIGINT}} NOT NULL,
+	sender     {{TEXT}} NOT NULL,
+	event_type {{TEXT}} NOT NULL,
+	content    {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, device_id, pos)
+);
+
+-- the sends already stored, so that a retry stores nothing twice: a local
+-- device's transaction IDs (origin is the user ID, device_id its device)
+-- and the message_ids of other servers (origin is the server name,
+-- device_id empty). Kept a day, as inbound_transactions.
+CREATE TABLE to_device_sends (
+	origin      {{TEXT}} NOT NULL,
+	device_id   {{TEXT}} NOT NULL,
+	txn_id      {{TEXT}} NOT NULL,
+	received_ts {{BIGINT}} NOT NULL,
+	PRIMARY KEY (origin, device_id, txn_id)
+);
+CREATE INDEX to_device_sends_received ON to_device_sends (received_ts);
+
+-- m.direct_to_device EDUs waiting to be sent to other servers, oldest
+-- first; the device-list sender delivers them with its own updates
+CREATE TABLE outbound_to_device (
+	id          {{ID}},
+	destination {{TEXT}} NOT NULL,
+	content     {{TEXT}} NOT NULL
+);
+CREATE INDEX outbound_to_device_destination ON outbound_to_device (destination, id);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
