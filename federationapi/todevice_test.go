@@ -37,7 +37,9 @@ func sendToDevice(t *testing.T, n *testutil.Node, u *testutil.User, txnID string
 	n.Must(t, "PUT", "/_matrix/client/v3/sendToDevice/m.test/"+txnID, u.Token, map[string]any{"messages": messages})
 }
 
-func sameList(got []string, want ...string) bool { return strings.Join(got, " ") == strings.Join(want, " ") }
+func sameList(got []string, want ...string) bool {
+	return strings.Join(got, " ") == strings.Join(want, " ")
+}
 
 // Messages to another server's users travel as m.direct_to_device EDUs,
 // both ways, once each even when the client retries.
