@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/accountdata"
+	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
@@ -48,8 +49,10 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
-	// ToDevice serves /sendToDevice; nil: not served.
-	ToDevice *todevice.Service
+	// ToDevice serves /sendToDevice, Dehydrated the dehydrated device
+	// (MSC3814); nil: not served.
+	ToDevice   *todevice.Service
+	Dehydrated *dehydrated.Service
 }
 
 // API serves the client-server API.
@@ -116,6 +119,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		a.accountDataRoutes(s)
 		a.toDeviceRoutes(s)
 	}
+	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
 	r.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
@@ -242,7 +246,11 @@ func (a *API) decodeOptional(r *http.Request, v any) error {
 var empty = struct{}{}
 
 func (a *API) versions(r *http.Request) (any, error) {
-	return map[string]any{"versions": specVersions, "unstable_features": map[string]bool{}}, nil
+	features := map[string]bool{}
+	if a.opts.Dehydrated != nil {
+		features["org.matrix.msc3814"] = true
+	}
+	return map[string]any{"versions": specVersions, "unstable_features": features}, nil
 }
 
 // limitAddress takes a token of l for the request's remote address.

@@ -111,3 +111,8 @@ func (s *Service) OutboundQueued() {
 		s.sender.Poke()
 	}
 }
+
+// DeviceListChanged follows a local device-list change committed by
+// another package (dehydrated devices): the waiting /sync requests it
+// concerns are told, and the updates queued for other servers are sent.
+func (s *Service) DeviceListChanged(ch storage.Change) { s.localChange(ch) }

@@ -21,6 +21,8 @@ var (
 	ErrUserExists = errors.New("storage: user exists")
 	// ErrDeactivated is returned for an account that was deactivated.
 	ErrDeactivated = errors.New("storage: account deactivated")
+	// ErrDeviceExists is returned when a device ID is taken already.
+	ErrDeviceExists = errors.New("storage: device exists")
 	// ErrTooNew is returned when the database schema is newer than this binary.
 	ErrTooNew = errors.New("storage: database schema is newer than this program")
 )

@@ -23,6 +23,7 @@ import (
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/connlimit"
@@ -264,6 +265,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 			ToDevice:        toDevice,
+			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

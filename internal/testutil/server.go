@@ -21,6 +21,7 @@ import (
 
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
+	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
@@ -104,7 +105,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
-		ToDevice: toDevice})
+		ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

@@ -365,6 +365,16 @@ CREATE TABLE outbound_to_device (
 );
 CREATE INDEX outbound_to_device_destination ON outbound_to_device (destination, id);
 `},
+	{13, "dehydrated devices", `
+-- each user's dehydrated device (MSC3814), at most one: a device of the
+-- devices table without access tokens, and the client's opaque
+-- device_data (a JSON object) to rehydrate it with
+CREATE TABLE dehydrated_devices (
+	user_id     {{TEXT}} PRIMARY KEY,
+	device_id   {{TEXT}} NOT NULL,
+	device_data {{TEXT}} NOT NULL
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
