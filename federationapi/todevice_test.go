@@ -2,6 +2,8 @@ package federationapi_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -30,6 +32,36 @@ func inbox(t *testing.T, n *testutil.Node, u *testutil.User) []string {
 		out = append(out, fmt.Sprintf("%s/%s/%v", e.Sender, e.Type, e.Content["n"]))
 	}
 	return out
+}
+
+// allMessages pages through a device's waiting messages with /sync,
+// following next_batch, which deletes the messages it passes.
+func allMessages(t *testing.T, n *testutil.Node, u *testutil.User) []string {
+	t.Helper()
+	out := []string{}
+	since := ""
+	for {
+		q := "?timeout=0"
+		if since != "" {
+			q += "&since=" + since
+		}
+		sync := n.Must(t, "GET", "/_matrix/client/v3/sync"+q, u.Token, nil)
+		raw, _ := json.Marshal(sync["to_device"].(map[string]any)["events"])
+		var events []struct {
+			Sender, Type string
+			Content      map[string]any
+		}
+		if err := json.Unmarshal(raw, &events); err != nil {
+			t.Fatal(err)
+		}
+		if len(events) == 0 {
+			return out
+		}
+		for _, e := range events {
+			out = append(out, fmt.Sprintf("%s/%s/%v", e.Sender, e.Type, e.Content["n"]))
+		}
+		since = sync["next_batch"].(string)
+	}
 }
 
 func sendToDevice(t *testing.T, n *testutil.Node, u *testutil.User, txnID string, messages map[string]any) {
@@ -82,6 +114,26 @@ func TestToDeviceBetweenServers(t *testing.T) {
 		// The retry above was not delivered twice, now that everything is.
 		if got := inbox(t, b, bob); len(got) != 1 {
 			t.Fatalf("BOB1 got %v after the retry", got)
+		}
+
+		// More than a transaction holds: every message arrives, in order.
+		const many = 130
+		for i := 0; i < many; i++ {
+			sendToDevice(t, a, carol, fmt.Sprint("m", i), map[string]any{bob.UserID: map[string]any{"BOB1": map[string]any{"n": i}}})
+		}
+		eventually(t, "the many messages to reach B", func() bool {
+			var n int
+			err := b.Store.DB().QueryRow(`SELECT COUNT(*) FROM to_device_inbox WHERE device_id = 'BOB1'`).Scan(&n)
+			return err == nil && n == many+1
+		})
+		got := allMessages(t, b, bob)
+		if len(got) != many+1 {
+			t.Fatalf("%d messages, want %d", len(got), many+1)
+		}
+		for i, m := range got[1:] {
+			if want := fmt.Sprintf("%s/m.test/%d", carol.UserID, i); m != want {
+				t.Fatalf("message %d is %s, want %s", i, m, want)
+			}
 		}
 	})
 }
@@ -172,5 +224,46 @@ func TestIncomingDirectToDevice(t *testing.T) {
 		if !sameList(got, sender+"/m.test/1", sender+"/m.test/5") {
 			t.Fatalf("BOB1 after a repeated message_id: %v", got)
 		}
+	})
+}
+
+// A dehydrated device is a device to other servers too: queried with
+// dehydrated: true, claimed, and sent messages that its owner reads back.
+func TestDehydratedDeviceOverFederation(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a, b := testutil.StartNode(t, db, nil), testutil.StartNode(t, testutil.SQLite(t), nil)
+		alice := a.Register(t, "alice", "ALICE1")
+		bob := b.Register(t, "bob", "BOB1")
+		_, priv, _ := ed25519.GenerateKey(rand.Reader)
+		d := &testutil.User{UserID: alice.UserID, DeviceID: "DEHYDRATED", Key: priv}
+		keys := testutil.Sign(t, map[string]any{
+			"user_id": alice.UserID, "device_id": d.DeviceID, "dehydrated": true,
+			"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
+			"keys": map[string]string{
+				"curve25519:" + d.DeviceID: testutil.RandomKey(),
+				"ed25519:" + d.DeviceID:    testutil.B64(priv.Public().(ed25519.PublicKey)),
+			},
+		}, alice.UserID, d.DeviceID, priv)
+		a.Must(t, "PUT", "/_matrix/client/unstable/org.matrix.msc3814.v1/dehydrated_device", alice.Token, map[string]any{
+			"device_id": d.DeviceID, "device_data": map[string]any{"algorithm": "org.matrix.msc3814.v2"},
+			"device_keys": keys, "fallback_keys": map[string]any{"signed_curve25519:F": d.SignedKey(t, true)}})
+
+		got := query(t, b, bob, map[string][]string{alice.UserID: {}}, 10000)
+		dev, _ := devicesOf(t, got, alice.UserID)[d.DeviceID].(map[string]any)
+		if dev == nil || dev["dehydrated"] != true {
+			t.Fatalf("B's /keys/query shows %v", got)
+		}
+		claim := b.Must(t, "POST", "/_matrix/client/v3/keys/claim", bob.Token, map[string]any{
+			"one_time_keys": map[string]any{alice.UserID: map[string]any{d.DeviceID: "signed_curve25519"}}})
+		if k, _ := claim["one_time_keys"].(map[string]any)[alice.UserID].(map[string]any)[d.DeviceID].(map[string]any); len(k) != 1 {
+			t.Fatalf("claim of its fallback key: %v", claim)
+		}
+		sendToDevice(t, b, bob, "t1", map[string]any{alice.UserID: map[string]any{d.DeviceID: map[string]any{"n": 1}}})
+		events := func() []any {
+			r := a.Must(t, "POST", "/_matrix/client/unstable/org.matrix.msc3814.v1/dehydrated_device/DEHYDRATED/events", alice.Token, map[string]any{})
+			ev, _ := r["events"].([]any)
+			return ev
+		}
+		eventually(t, "the message to reach the dehydrated device", func() bool { return len(events()) == 1 })
 	})
 }
