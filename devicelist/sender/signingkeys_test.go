@@ -28,7 +28,7 @@ const (
 func TestSigningKeyAndSignedDeviceEDUs(t *testing.T) {
 	s := New(newFakeQueue(), &scriptedTransport{}, Options{})
 	for _, tc := range []struct {
-		u        storage.OutboundUpdate
+		u         storage.OutboundUpdate
 		typ, want string
 	}{
 		{storage.OutboundUpdate{UserID: "@a:l", StreamID: 7, SigningKeys: true, Signatures: ownSignatures,
