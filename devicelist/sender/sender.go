@@ -1,5 +1,5 @@
-// Package sender sends the local users' device-list changes to the other
-// servers that share a room with them.
+// Package sender sends the local users' device-list and cross-signing key
+// changes to the other servers that share a room with them.
 package sender
 
 import (
@@ -31,7 +31,10 @@ import (
 // server sharing a room with the user (table outbound_device_updates, one
 // row per destination and device: a newer change of a device replaces an
 // unsent older one). The database is the queue, so nothing is lost in a
-// restart and nothing has to be saved at shutdown.
+// restart and nothing has to be saved at shutdown. Changes of a user's
+// master and self-signing keys are queued alike (one row per destination
+// and user) and come in the same batches, marked SigningKeys, to go out as
+// m.signing_key_update.
 //
 // A fixed pool of workers sends. Destinations with pending updates wait
 // their turn in a first-in first-out list; a worker takes one, takes its
