@@ -232,6 +232,20 @@ type OutboundUpdate struct {
 	Deleted     bool  // the device no longer exists
 	KeyJSON     []byte
 	DisplayName *string
+	// Signatures are those the user made on their own keys (on devices and
+	// on the master key), stored apart from KeyJSON and MasterKey: what
+	// other servers are shown of them. The update's device or master key is
+	// sent with the ones on it.
+	Signatures []CrossSigningSignature
+
+	// SigningKeys marks an update of the user's master and self-signing
+	// keys (an m.signing_key_update) instead of a device's: DeviceID,
+	// PrevID, Deleted, KeyJSON and DisplayName are unset, and its StreamID
+	// is outside the chain of device-list stream_ids. Only the newest
+	// pending one of a user is kept, and it carries the keys now.
+	SigningKeys bool
+	// MasterKey and SelfSigningKey are the user's keys now (nil: none).
+	MasterKey, SelfSigningKey []byte
 }
 
 // The usages of a user's cross-signing keys, which are also the slots they

@@ -328,6 +328,19 @@ CREATE TABLE remote_cross_signing_keys (
 	PRIMARY KEY (user_id, usage)
 );
 `},
+	{11, "outbound cross-signing key updates", `
+-- local users whose master or self-signing key changed, for each server
+-- sharing a room with them that has not been sent the change: one row per
+-- user and destination, a newer change replacing an unsent older one (the
+-- keys sent are those current when sending). Kept apart from
+-- outbound_device_updates: these are not in the device-list chain.
+CREATE TABLE outbound_signing_key_updates (
+	destination {{TEXT}} NOT NULL,
+	user_id     {{TEXT}} NOT NULL,
+	stream_id   {{BIGINT}} NOT NULL,
+	PRIMARY KEY (destination, user_id)
+);
+`},
 	{12, "to-device messages", `
 -- the to-device messages waiting for a local device, in the order of pos:
 -- a position of the stream counter, taken by the transaction that stored
