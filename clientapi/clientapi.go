@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/accountdata"
+	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
@@ -24,6 +25,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/todevice"
 )
 
 // Options configure the client API.
@@ -50,6 +52,10 @@ type Options struct {
 	AccountData *accountdata.Service
 	// Rooms serves the room endpoints; nil: not served.
 	Rooms *roomserver.Service
+	// ToDevice serves /sendToDevice, Dehydrated the dehydrated device
+	// (MSC3814); nil: not served.
+	ToDevice   *todevice.Service
+	Dehydrated *dehydrated.Service
 }
 
 // API serves the client-server API.
@@ -115,7 +121,9 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
 		a.roomRoutes(s)
+		a.toDeviceRoutes(s)
 	}
+	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
 	r.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
@@ -242,7 +250,11 @@ func (a *API) decodeOptional(r *http.Request, v any) error {
 var empty = struct{}{}
 
 func (a *API) versions(r *http.Request) (any, error) {
-	return map[string]any{"versions": specVersions, "unstable_features": map[string]bool{}}, nil
+	features := map[string]bool{}
+	if a.opts.Dehydrated != nil {
+		features["org.matrix.msc3814"] = true
+	}
+	return map[string]any{"versions": specVersions, "unstable_features": features}, nil
 }
 
 // limitAddress takes a token of l for the request's remote address.

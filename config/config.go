@@ -125,6 +125,9 @@ type ClientAPIConfig struct {
 	// the account is refused. Default 0.17 per second after a burst of 3
 	// (Synapse's rc_login.failed_attempts).
 	FailedLoginRateLimit RateLimit `yaml:"failed_login_rate_limit"`
+	// ToDeviceRateLimit bounds PUT /sendToDevice per sending user.
+	// Default 10 per second after a burst of 100.
+	ToDeviceRateLimit RateLimit `yaml:"to_device_rate_limit"`
 	// BcryptConcurrency is how many password hashes are computed at once;
 	// the others wait. 0 (the default) means half of GOMAXPROCS, at least 1.
 	BcryptConcurrency int `yaml:"bcrypt_concurrency"`
@@ -298,6 +301,7 @@ func Default() *Config {
 			LoginRateLimit:           RateLimit{PerSecond: 0.003, Burst: 5},
 			RegistrationRateLimit:    RateLimit{PerSecond: 0.17, Burst: 6},
 			FailedLoginRateLimit:     RateLimit{PerSecond: 0.17, Burst: 3},
+			ToDeviceRateLimit:        RateLimit{PerSecond: 10, Burst: 100},
 		},
 		Federation: FederationConfig{
 			Listen:                   "127.0.0.1:8448",
@@ -509,6 +513,7 @@ func (c *Config) Validate() error {
 		{"client_api.login_rate_limit", c.ClientAPI.LoginRateLimit},
 		{"client_api.registration_rate_limit", c.ClientAPI.RegistrationRateLimit},
 		{"client_api.failed_login_rate_limit", c.ClientAPI.FailedLoginRateLimit},
+		{"client_api.to_device_rate_limit", c.ClientAPI.ToDeviceRateLimit},
 	} {
 		if rl.PerSecond < 0 || math.IsNaN(rl.PerSecond) || math.IsInf(rl.PerSecond, 0) {
 			add("%s.per_second must be 0 (off) or positive, not %v", rl.key, rl.PerSecond)

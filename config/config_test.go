@@ -456,14 +456,15 @@ func TestKeys(t *testing.T) {
 		"client_api.login_rate_limit.per_second", "client_api.login_rate_limit.burst",
 		"client_api.registration_rate_limit.per_second", "client_api.registration_rate_limit.burst",
 		"client_api.failed_login_rate_limit.per_second", "client_api.failed_login_rate_limit.burst",
+		"client_api.to_device_rate_limit.per_second", "client_api.to_device_rate_limit.burst",
 		"client_api.bcrypt_concurrency",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 46 {
-		t.Errorf("Keys() has %d keys, want 46: %q", len(keys), keys)
+	if len(keys) != 48 {
+		t.Errorf("Keys() has %d keys, want 48: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.

@@ -158,7 +158,9 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 	if err != nil {
 		return err
 	}
-	s.streamAdvanced(ch)
+	// A change of the master or self-signing key is queued for the
+	// servers sharing a room with the user.
+	s.localChange(ch)
 	return nil
 }
 

@@ -73,6 +73,8 @@ type SyncResponse struct {
 	DeviceUnusedFallbackKeyTypes []string         `json:"device_unused_fallback_key_types"`
 	// AccountData is present when the service has an account data source.
 	AccountData *AccountDataSection `json:"account_data,omitempty"`
+	// ToDevice is present when the service keeps to-device messages.
+	ToDevice *ToDeviceSection `json:"to_device,omitempty"`
 	// Rooms is present when the service has rooms (see syncrooms.go).
 	Rooms *roomserver.SyncRooms `json:"rooms,omitempty"`
 }
@@ -81,18 +83,28 @@ type SyncResponse struct {
 // With since it returns the device-list and account data changes after
 // it (see accountdata.go), waiting up to timeout for one to happen if
 // there is none yet; it also returns early when the caller's own key
-// counts change (a key was claimed). Waiting is driven by the notifier:
+// counts change (a key was claimed). It also delivers the device's
+// to-device messages (see todevice.go), and ends the wait for them. Waiting is driven by the notifier:
 // the database is read again only when something was written.
 func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
 	filter, err := s.syncFilter(ctx, c.UserID, o)
 	if err != nil {
 		return SyncResponse{}, err
 	}
-	var sincePos storage.StreamPos
+	var sincePos, acked storage.StreamPos
 	if since != "" {
 		var err error
 		if sincePos, err = parseStreamToken("since", since); err != nil {
 			return SyncResponse{}, err
+		}
+		if acked, err = parseToDeviceAck(since); err != nil {
+			return SyncResponse{}, err
+		}
+		// The token says the device got its messages up to acked: they go.
+		if acked = min(acked, sincePos); acked > 0 && s.opts.ToDevice != nil {
+			if err := s.opts.ToDevice.AckToDevice(ctx, c.UserID, c.DeviceID, acked); err != nil {
+				return SyncResponse{}, err
+			}
 		}
 	}
 	timeout = min(max(timeout, 0), s.opts.SyncMaxTimeout)
@@ -113,7 +125,7 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 			return SyncResponse{}, err
 		}
 		var lists *ChangesResponse
-		news := false // account data changed
+		news := false // account data changed, or to-device messages wait
 		if since != "" {
 			if sincePos > cur {
 				// A token from the future (another database?): start again
@@ -143,8 +155,13 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 				checked = cur
 			}
 		}
+		if lists == nil && !news && timer != nil {
+			if news, err = s.toDeviceNews(ctx, c, acked, cur); err != nil {
+				return SyncResponse{}, err
+			}
+		}
 		respond := func(lists *ChangesResponse) (SyncResponse, error) {
-			res, err := s.syncResponse(ctx, c, sincePos, cur, lists)
+			res, err := s.syncResponse(ctx, c, sincePos, acked, cur, lists)
 			if err == nil {
 				res.Rooms, err = s.roomsSection(ctx, c.UserID, sincePos, cur, o, filter)
 			}
@@ -169,8 +186,8 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 }
 
 // syncResponse answers with the changes in (from, pos]; from 0 (no since):
-// the whole state.
-func (s *Service) syncResponse(ctx context.Context, c Caller, from, pos storage.StreamPos, lists *ChangesResponse) (SyncResponse, error) {
+// the whole state; and the device's to-device messages after acked.
+func (s *Service) syncResponse(ctx context.Context, c Caller, from, acked, pos storage.StreamPos, lists *ChangesResponse) (SyncResponse, error) {
 	counts, unused, err := s.db.KeyCounts(ctx, c.UserID, c.DeviceID)
 	if err != nil {
 		return SyncResponse{}, err
@@ -179,11 +196,16 @@ func (s *Service) syncResponse(ctx context.Context, c Caller, from, pos storage.
 	if err != nil {
 		return SyncResponse{}, err
 	}
+	toDevice, delivered, err := s.toDeviceSection(ctx, c, acked, pos)
+	if err != nil {
+		return SyncResponse{}, err
+	}
 	if lists == nil {
 		lists = &ChangesResponse{Changed: []string{}, Left: []string{}}
 	}
 	return SyncResponse{
-		NextBatch:                    streamToken(pos),
+		NextBatch:                    s.syncToken(pos, delivered),
+		ToDevice:                     toDevice,
 		DeviceLists:                  lists,
 		DeviceOneTimeKeysCount:       withSignedCurve(counts),
 		DeviceUnusedFallbackKeyTypes: unused,

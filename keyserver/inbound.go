@@ -17,7 +17,8 @@ import (
 
 // Receiving other servers' transactions (PUT /send/{txnId}).
 //
-// Only m.device_list_update and m.signing_key_update EDUs are acted on.
+// Only m.device_list_update, m.signing_key_update and m.direct_to_device
+// EDUs are acted on (the last by Options.DirectToDevice).
 // A device-list update is checked (its user
 // must belong to the sending server and share a room with one of ours) and
 // applied to the cached list in one transaction that also checks its
@@ -31,6 +32,13 @@ const (
 	maxPDUsPerTransaction = 50
 	maxEDUsInTransaction  = 100
 )
+
+// DirectToDeviceReceiver takes the m.direct_to_device EDUs of a
+// transaction (package todevice). An error fails the transaction, which
+// the origin then sends again; a bad EDU is dropped without one.
+type DirectToDeviceReceiver interface {
+	ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error
+}
 
 type transaction struct {
 	Origin string            `json:"origin"`
@@ -63,6 +71,12 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 	for _, e := range t.EDUs {
 		if e.Type == "m.signing_key_update" {
 			if err := s.signingKeyUpdate(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if e.Type == "m.direct_to_device" && s.opts.DirectToDevice != nil {
+			if err := s.opts.DirectToDevice.ReceiveDirectToDevice(ctx, origin, e.Content); err != nil {
 				return nil, err
 			}
 			continue

@@ -55,6 +55,13 @@ type Options struct {
 	// account_data section.
 	AccountData AccountDataSource
 
+	// ToDevice gives /sync the devices' to-device messages; nil: /sync has
+	// no to_device section.
+	ToDevice ToDeviceInbox
+	// DirectToDevice receives the m.direct_to_device EDUs of other
+	// servers; nil: they are dropped.
+	DirectToDevice DirectToDeviceReceiver
+
 	// LaxKeyValidation checks only the shape of uploaded keys, not their
 	// signatures or key values (keys.strict_validation: false); the zero
 	// value is the strict default.

@@ -8,6 +8,7 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 )
 
@@ -20,6 +21,8 @@ var (
 	ErrUserExists = errors.New("storage: user exists")
 	// ErrDeactivated is returned for an account that was deactivated.
 	ErrDeactivated = errors.New("storage: account deactivated")
+	// ErrDeviceExists is returned when a device ID is taken already.
+	ErrDeviceExists = errors.New("storage: device exists")
 	// ErrTooNew is returned when the database schema is newer than this binary.
 	ErrTooNew = errors.New("storage: database schema is newer than this program")
 )
@@ -229,6 +232,20 @@ type OutboundUpdate struct {
 	Deleted     bool  // the device no longer exists
 	KeyJSON     []byte
 	DisplayName *string
+	// Signatures are those the user made on their own keys (on devices and
+	// on the master key), stored apart from KeyJSON and MasterKey: what
+	// other servers are shown of them. The update's device or master key is
+	// sent with the ones on it.
+	Signatures []CrossSigningSignature
+
+	// SigningKeys marks an update of the user's master and self-signing
+	// keys (an m.signing_key_update) instead of a device's: DeviceID,
+	// PrevID, Deleted, KeyJSON and DisplayName are unset, and its StreamID
+	// is outside the chain of device-list stream_ids. Only the newest
+	// pending one of a user is kept, and it carries the keys now.
+	SigningKeys bool
+	// MasterKey and SelfSigningKey are the user's keys now (nil: none).
+	MasterKey, SelfSigningKey []byte
 }
 
 // The usages of a user's cross-signing keys, which are also the slots they
@@ -439,3 +456,36 @@ const (
 	// MembershipInvite shares the room like a join for device lists.
 	MembershipInvite = "invite"
 )
+
+// ToDeviceMessage is a to-device message waiting in a local device's
+// inbox; Pos orders the inbox.
+type ToDeviceMessage struct {
+	Pos     StreamPos
+	Sender  string
+	Type    string
+	Content json.RawMessage
+}
+
+// ToDeviceSend is one send of to-device messages, stored in one
+// transaction: the messages of local devices, and EDUs for other servers.
+type ToDeviceSend struct {
+	// Origin and DeviceID name the sender for idempotency: a local user
+	// and device, or a server (DeviceID empty); TxnID (the client's
+	// transaction ID or the EDU's message_id) is stored once per origin
+	// and device, and a send that repeats one stores nothing.
+	Origin, DeviceID, TxnID string
+	Sender, Type            string
+	// Local maps local users to their devices ("*": every device) to the
+	// content; unknown users and devices are skipped.
+	Local map[string]map[string]json.RawMessage
+	// Remote are the m.direct_to_device EDUs queued for other servers.
+	Remote []OutboundEDU
+	Now    int64
+}
+
+// OutboundEDU is an EDU queued for another server; ID orders the queue.
+type OutboundEDU struct {
+	ID          int64
+	Destination string
+	Content     json.RawMessage
+}

@@ -46,6 +46,14 @@ func (f *fakeQueue) add(dest string, n int) {
 	}
 }
 
+// addSigningKeys queues a signing-key update of userID for dest.
+func (f *fakeQueue) addSigningKeys(dest, userID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pending[dest] = append(f.pending[dest], storage.OutboundUpdate{UserID: userID,
+		StreamID: int64(len(f.pending[dest]) + 1), SigningKeys: true, MasterKey: []byte(masterKey)})
+}
+
 func (f *fakeQueue) left(dest string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()

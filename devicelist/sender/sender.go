@@ -1,5 +1,5 @@
-// Package sender sends the local users' device-list changes to the other
-// servers that share a room with them.
+// Package sender sends the local users' device-list and cross-signing key
+// changes to the other servers that share a room with them.
 package sender
 
 import (
@@ -16,6 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/backoff"
 	"github.com/keyserver/keyserver/internal/clock"
@@ -30,7 +31,10 @@ import (
 // server sharing a room with the user (table outbound_device_updates, one
 // row per destination and device: a newer change of a device replaces an
 // unsent older one). The database is the queue, so nothing is lost in a
-// restart and nothing has to be saved at shutdown.
+// restart and nothing has to be saved at shutdown. Changes of a user's
+// master and self-signing keys are queued alike (one row per destination
+// and user) and come in the same batches, marked SigningKeys, to go out as
+// m.signing_key_update.
 //
 // A fixed pool of workers sends. Destinations with pending updates wait
 // their turn in a first-in first-out list; a worker takes one, takes its
@@ -83,6 +87,8 @@ type Options struct {
 	Logger logrus.FieldLogger
 	// Jitter draws a random duration in [0, n); math/rand by default.
 	Jitter func(n int64) int64
+	// ToDevice is the queue of to-device EDUs sent along; nil: none.
+	ToDevice EDUQueue
 }
 
 // DefaultWorkers is the size of the pool when Options.Workers is not set.
@@ -141,6 +147,7 @@ type destination struct {
 	// The batch being delivered, with its transaction and the attempts so
 	// far; nil when none is pending.
 	batch   []storage.OutboundUpdate
+	toDev   []storage.OutboundEDU
 	txn     fedclient.Transaction
 	txnID   string
 	attempt int
@@ -244,7 +251,11 @@ func (s *Sender) WakeAll(ctx context.Context) {
 		s.dbError(ctx, s.o.Logger, err, "reading the outbound queue")
 		return
 	}
-	for _, d := range dests {
+	more, err := s.toDeviceDestinations(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the outbound to-device queue")
+	}
+	for _, d := range append(dests, more...) {
 		s.wake(d, false)
 	}
 }
@@ -402,27 +413,43 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		s.setAside(d, d.retryAt) // the lease was due for renewal
 		return
 	}
-	if d.batch == nil {
+	if d.txnID == "" {
 		batch, err := s.db.PendingUpdates(ctx, d.name, maxEDUsPerTransaction)
 		if err != nil {
 			s.dbError(ctx, log, err, "outbound device-list queue")
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
 			return
 		}
-		if len(batch) == 0 {
+		toDev, err := s.pendingToDevice(ctx, d.name, maxEDUsPerTransaction-len(batch))
+		if err != nil {
+			s.dbError(ctx, log, err, "outbound to-device queue")
+			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+			return
+		}
+		if len(batch)+len(toDev) == 0 {
 			s.finish(ctx, d, log)
 			return
 		}
-		d.batch, d.attempt = batch, 0
+		d.batch, d.toDev, d.attempt = batch, toDev, 0
 		d.txnID = strconv.FormatInt(s.txn.Add(1), 10)
 		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli()}
 		for _, u := range batch {
-			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: "m.device_list_update", Content: s.eduContent(u)})
+			d.txn.EDUs = append(d.txn.EDUs, s.edu(log, u))
+		}
+		for _, e := range toDev {
+			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: directToDevice, Content: e.Content})
 		}
 	}
 	err = s.tr.SendTransaction(ctx, d.name, d.txnID, d.txn)
 	if err == nil {
-		if err := s.db.MarkUpdatesSent(ctx, d.name, d.batch); err != nil {
+		var err error
+		if len(d.batch) > 0 {
+			err = s.db.MarkUpdatesSent(ctx, d.name, d.batch)
+		}
+		if err == nil {
+			err = s.markToDeviceSent(ctx, d.name, d.toDev)
+		}
+		if err != nil {
 			// The batch is sent again, under the same transaction ID, so
 			// the receiver does not process it twice.
 			s.dbError(ctx, log, err, "outbound device-list queue")
@@ -432,8 +459,8 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if d.attempt >= 3 {
 			log.WithField("attempts", d.attempt+1).Info("device-list updates delivered after retries")
 		}
-		full := len(d.batch) == maxEDUsPerTransaction
-		d.batch, d.txn, d.txnID, d.attempt = nil, fedclient.Transaction{}, "", 0
+		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction
+		d.batch, d.toDev, d.txn, d.txnID, d.attempt = nil, nil, fedclient.Transaction{}, "", 0
 		if full {
 			s.requeue(d)
 		} else {
@@ -477,6 +504,13 @@ func (s *Sender) finish(ctx context.Context, d *destination, log logrus.FieldLog
 		s.dbError(ctx, log, err, "releasing a destination's lease")
 	}
 	pending, err := s.db.PendingUpdates(ctx, d.name, 1)
+	if err == nil && len(pending) == 0 {
+		var toDev []storage.OutboundEDU
+		toDev, err = s.pendingToDevice(ctx, d.name, 1)
+		if len(toDev) > 0 {
+			pending = make([]storage.OutboundUpdate, 1) // something waits
+		}
+	}
 	switch {
 	case err != nil:
 		s.dbError(ctx, log, err, "reading the outbound queue")
@@ -523,9 +557,19 @@ func (s *Sender) renew(ctx context.Context, dest string) (bool, error) {
 	return s.db.AcquireDestination(ctx, dest, s.owner, now.UnixMilli(), now.Add(leaseTTL).UnixMilli())
 }
 
+// edu is the EDU of a queued update: an m.signing_key_update or an
+// m.device_list_update.
+func (s *Sender) edu(log logrus.FieldLogger, u storage.OutboundUpdate) fedclient.EDU {
+	if u.SigningKeys {
+		return fedclient.EDU{Type: "m.signing_key_update", Content: signingKeyContent(log, u)}
+	}
+	return fedclient.EDU{Type: "m.device_list_update", Content: s.eduContent(log, u)}
+}
+
 // eduContent is the m.device_list_update of a queued update, carrying the
-// device's current state.
-func (s *Sender) eduContent(u storage.OutboundUpdate) json.RawMessage {
+// device's current state: its keys with the signatures its owner made on
+// them (a new self-signing signature is a change of the device).
+func (s *Sender) eduContent(log logrus.FieldLogger, u storage.OutboundUpdate) json.RawMessage {
 	c := map[string]any{
 		"user_id":   u.UserID,
 		"device_id": u.DeviceID,
@@ -538,7 +582,7 @@ func (s *Sender) eduContent(u storage.OutboundUpdate) json.RawMessage {
 	}
 	if !u.Deleted {
 		if u.KeyJSON != nil {
-			c["keys"] = json.RawMessage(u.KeyJSON)
+			c["keys"] = json.RawMessage(withSignatures(log, u, u.KeyJSON, u.DeviceID))
 		}
 		if s.o.DeviceNames && u.DisplayName != nil {
 			c["device_display_name"] = *u.DisplayName
@@ -546,4 +590,31 @@ func (s *Sender) eduContent(u storage.OutboundUpdate) json.RawMessage {
 	}
 	raw, _ := json.Marshal(c) // maps of plain values always marshal
 	return raw
+}
+
+// signingKeyContent is the m.signing_key_update of a queued update: the
+// user's master key (with the signatures they made on it) and self-signing
+// key as they are now. The user-signing key is the user's alone.
+func signingKeyContent(log logrus.FieldLogger, u storage.OutboundUpdate) json.RawMessage {
+	c := map[string]any{"user_id": u.UserID}
+	if u.MasterKey != nil {
+		c["master_key"] = json.RawMessage(withSignatures(log, u, u.MasterKey, crosssigning.PublicKeyOf(u.MasterKey)))
+	}
+	if u.SelfSigningKey != nil {
+		c["self_signing_key"] = json.RawMessage(u.SelfSigningKey)
+	}
+	raw, _ := json.Marshal(c) // maps of plain values always marshal
+	return raw
+}
+
+// withSignatures is the key object js (whose ID is keyID) with the
+// signatures of u on it; js alone if they cannot be added (the stored
+// object is canonical JSON, so that does not happen).
+func withSignatures(log logrus.FieldLogger, u storage.OutboundUpdate, js []byte, keyID string) []byte {
+	out, err := crosssigning.WithSignatures(js, crosssigning.ByTarget(u.Signatures, u.UserID, "")[keyID])
+	if err != nil {
+		log.WithError(err).WithField("user_id", u.UserID).Warn("stored keys without their signatures in an update")
+		return js
+	}
+	return out
 }

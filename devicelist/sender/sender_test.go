@@ -307,7 +307,7 @@ func TestEDUContent(t *testing.T) {
 			`{"deleted":true,"device_id":"D","prev_id":[9],"stream_id":12,"user_id":"@a:l"}`},
 	} {
 		s := New(newFakeQueue(), &scriptedTransport{}, Options{DeviceNames: tc.names})
-		if got := string(s.eduContent(tc.u)); got != tc.want {
+		if got := string(s.eduContent(quiet(), tc.u)); got != tc.want {
 			t.Errorf("got  %s\nwant %s", got, tc.want)
 		}
 	}

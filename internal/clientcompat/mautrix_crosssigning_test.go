@@ -134,3 +134,60 @@ func TestRealClientsCrossSignAcrossServers(t *testing.T) {
 		}
 	})
 }
+
+// Two users sharing a room, on two federated daemons that each already
+// follow the other's device list, bootstrap cross-signing with mautrix-go
+// and verify each other: each server learns the other user's keys and
+// device signature from the updates sent to it (no fetch of the list
+// again), and a fresh device of each finds the other's device verified.
+func TestRealClientsCrossSignThroughUpdates(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		a := testutil.StartNode(t, db, nil)
+		b := testutil.StartNode(t, testutil.SQLite(t), nil)
+		alice := a.Register(t, "alice", "")
+		bob := b.Register(t, "bob", "")
+		am, bm := realClient(t, a, alice), realClient(t, b, bob)
+		for _, n := range []*testutil.Node{a, b} {
+			n.Join(t, "!shared:x", alice.UserID)
+			n.Join(t, "!shared:x", bob.UserID)
+		}
+		following := func(n *testutil.Node, user string) bool {
+			_, stale, err := n.Store.StaleEntry(ctx, user)
+			lists, err2 := n.Store.RemoteDeviceLists(ctx, []string{user})
+			return err == nil && err2 == nil && !stale && lists[user] != nil && n.Service.Updater().InFlight() == 0
+		}
+		testutil.Eventually(t, "each server to follow the other's user", func() bool {
+			return following(a, bob.UserID) && following(b, alice.UserID)
+		})
+		const devicesPath = "/_matrix/federation/v1/user/devices/"
+		fetchedFromA, fetchedFromB := a.Requests.Count("GET", devicesPath), b.Requests.Count("GET", devicesPath)
+
+		bootstrap(t, am, alice)
+		bootstrap(t, bm, bob)
+		// A /send is answered once its updates are visible: an empty queue
+		// means the other server has them.
+		for _, n := range []*testutil.Node{a, b} {
+			testutil.Eventually(t, "the updates to be delivered", func() bool {
+				pending, err := n.Store.PendingDestinations(ctx)
+				return err == nil && len(pending) == 0
+			})
+		}
+		verify(t, am, id.UserID(bob.UserID))
+		verify(t, bm, id.UserID(alice.UserID))
+
+		aliceSeeds, bobSeeds := am.ExportCrossSigningKeys(), bm.ExportCrossSigningKeys()
+		if got := trustFrom(t, a, alice, &aliceSeeds, id.UserID(bob.UserID), id.DeviceID(bob.DeviceID)); got != id.TrustStateCrossSignedVerified {
+			t.Errorf("alice's new device trusts bob's device as %s, want %s", got, id.TrustStateCrossSignedVerified)
+		}
+		if got := trustFrom(t, b, bob, &bobSeeds, id.UserID(alice.UserID), id.DeviceID(alice.DeviceID)); got != id.TrustStateCrossSignedVerified {
+			t.Errorf("bob's new device trusts alice's device as %s, want %s", got, id.TrustStateCrossSignedVerified)
+		}
+		if n := a.Requests.Count("GET", devicesPath) - fetchedFromA; n != 0 {
+			t.Errorf("B fetched alice's list %d more times", n)
+		}
+		if n := b.Requests.Count("GET", devicesPath) - fetchedFromB; n != 0 {
+			t.Errorf("A fetched bob's list %d more times", n)
+		}
+	})
+}

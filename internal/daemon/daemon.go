@@ -23,6 +23,7 @@ import (
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/connlimit"
@@ -33,7 +34,9 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/todevice"
 )
 
 // Daemon is a running server.
@@ -228,9 +231,22 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit),
 		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
 		AccountData:               store,
+		ToDevice:                  store,
 		Logger:                    log,
 	}
 	ko.Sender.Workers = cfg.Federation.SenderWorkers
+	ko.Sender.ToDevice = store
+	// The to-device service tells the domain of its changes, and the
+	// domain hands it the EDUs of other servers: d.ks is set below, before
+	// any request is served.
+	toDevice := todevice.New(store, todevice.Options{
+		ServerName: cfg.ServerName, Federated: true,
+		RateLimit: limiter(cfg.ClientAPI.ToDeviceRateLimit),
+		Changed:   func(ch storage.Change) { d.ks.StreamAdvanced(ch) },
+		Queued:    func() { d.ks.OutboundQueued() },
+		Logger:    log,
+	})
+	ko.DirectToDevice = toDevice
 	if so.tune != nil {
 		so.tune(&ko, &fo)
 	}
@@ -253,6 +269,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 			Rooms:           rooms,
+			ToDevice:        toDevice,
+			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

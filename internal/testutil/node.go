@@ -55,6 +55,7 @@ func StartNode(t testing.TB, db Database, adjust func(*config.Config)) *Node {
 	cfg.ClientAPI.LoginRateLimit.PerSecond = 0
 	cfg.ClientAPI.RegistrationRateLimit.PerSecond = 0
 	cfg.ClientAPI.FailedLoginRateLimit.PerSecond = 0
+	cfg.ClientAPI.ToDeviceRateLimit.PerSecond = 0
 	if adjust != nil {
 		adjust(cfg)
 	}

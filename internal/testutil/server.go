@@ -21,11 +21,13 @@ import (
 
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
+	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/todevice"
 )
 
 // AdminToken is the admin token of test servers.
@@ -46,6 +48,8 @@ type ServerOptions struct {
 	// passwords per account: off unless set, since tests log in many
 	// users from one address.
 	Login, Register, FailedLogins RateLimit
+	// ToDevice limits /sendToDevice per sending user (off unless set).
+	ToDevice RateLimit
 	// BcryptConcurrency bounds the password hashes computed at once
 	// (0: the daemon's default).
 	BcryptConcurrency int
@@ -95,15 +99,18 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		BcryptConcurrency: o.BcryptConcurrency,
 		LaxKeyValidation:  o.LaxKeyValidation,
 		AccountData:       store,
+		ToDevice:          store,
 	})
 	rooms := roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
 		Sink: ks, Logger: log, Now: o.Now})
 	ks.SetRooms(rooms)
+	toDevice := todevice.New(store, todevice.Options{ServerName: o.ServerName, Logger: log, Now: o.Now,
+		RateLimit: o.ToDevice.limiter(o.Now), Changed: ks.StreamAdvanced})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
-		Rooms: rooms})
+		Rooms: rooms, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

@@ -119,10 +119,13 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 		if err := s.revokeUserKeys(ctx, tx, userID); err != nil {
 			return err
 		}
-		// Key backups and account data (the secret storage among it) go
-		// too; to-device messages, once they are stored, are deleted here
-		// as well, in this transaction.
+		// Key backups, account data (the secret storage among it) and
+		// to-device messages go too. The devices' inboxes went with them;
+		// this also covers any left without a device.
 		if err := s.deleteUserBackups(ctx, tx, userID); err != nil {
+			return err
+		}
+		if err := deleteUserInboxes(ctx, tx, userID); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM account_data WHERE user_id = $1`, userID); err != nil {

@@ -271,7 +271,9 @@ func (s *Store) StoreSignatures(ctx context.Context, sigs []storage.CrossSigning
 // recordCrossSigningChange records a change of owner's cross-signing keys
 // (or of the signatures on them) in the device-list stream, for the users
 // sharing a room with changedUser or, with ownerOnly, for changedUser
-// alone. The cached keys of owner are dropped at commit.
+// alone. The cached keys of owner are dropped at commit. A public change
+// of a local user's keys is queued for the servers sharing a room with
+// them, in the same transaction.
 func (s *Store) recordCrossSigningChange(ctx context.Context, tx *txn, owner, changedUser string, ownerOnly bool) (storage.StreamPos, error) {
 	if err := s.revokeUserKeys(ctx, tx, owner); err != nil {
 		return 0, err
@@ -291,6 +293,13 @@ func (s *Store) recordCrossSigningChange(ctx context.Context, tx *txn, owner, ch
 		}
 	} else if err := s.concernRoomMates(ctx, tx, changedUser); err != nil {
 		return 0, err
+	}
+	if !ownerOnly && owner == changedUser && s.isLocal(owner) {
+		// A local user's public keys: the servers sharing a room with
+		// them are sent the change.
+		if err := s.queueSigningKeyUpdate(ctx, tx, owner, pos); err != nil {
+			return 0, err
+		}
 	}
 	return pos, nil
 }

@@ -228,7 +228,9 @@ func (s *Store) deleteDevices(ctx context.Context, tx *txn, userID string, devic
 		return nil, 0, nil
 	}
 	in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
-	for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "devices"} {
+	// Their to-device inboxes go too, and a dehydrated device its mark.
+	for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "to_device_inbox",
+		"dehydrated_devices", "devices"} {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+in, args([]any{userID}, deleted)...); err != nil {
 			return nil, 0, err
 		}

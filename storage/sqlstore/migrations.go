@@ -328,7 +328,66 @@ CREATE TABLE remote_cross_signing_keys (
 	PRIMARY KEY (user_id, usage)
 );
 `},
-	// 11 to 13 are taken by work merged in parallel.
+	{11, "outbound cross-signing key updates", `
+-- local users whose master or self-signing key changed, for each server
+-- sharing a room with them that has not been sent the change: one row per
+-- user and destination, a newer change replacing an unsent older one (the
+-- keys sent are those current when sending). Kept apart from
+-- outbound_device_updates: these are not in the device-list chain.
+CREATE TABLE outbound_signing_key_updates (
+	destination {{TEXT}} NOT NULL,
+	user_id     {{TEXT}} NOT NULL,
+	stream_id   {{BIGINT}} NOT NULL,
+	PRIMARY KEY (destination, user_id)
+);
+`},
+	{12, "to-device messages", `
+-- the to-device messages waiting for a local device, in the order of pos:
+-- a position of the stream counter, taken by the transaction that stored
+-- the message (one message per device and position), so that a /sync
+-- token can say up to where a device has received its messages
+CREATE TABLE to_device_inbox (
+	user_id    {{TEXT}} NOT NULL,
+	device_id  {{TEXT}} NOT NULL,
+	pos        {{BIGINT}} NOT NULL,
+	sender     {{TEXT}} NOT NULL,
+	event_type {{TEXT}} NOT NULL,
+	content    {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, device_id, pos)
+);
+
+-- the sends already stored, so that a retry stores nothing twice: a local
+-- device's transaction IDs (origin is the user ID, device_id its device)
+-- and the message_ids of other servers (origin is the server name,
+-- device_id empty). Kept a day, as inbound_transactions.
+CREATE TABLE to_device_sends (
+	origin      {{TEXT}} NOT NULL,
+	device_id   {{TEXT}} NOT NULL,
+	txn_id      {{TEXT}} NOT NULL,
+	received_ts {{BIGINT}} NOT NULL,
+	PRIMARY KEY (origin, device_id, txn_id)
+);
+CREATE INDEX to_device_sends_received ON to_device_sends (received_ts);
+
+-- m.direct_to_device EDUs waiting to be sent to other servers, oldest
+-- first; the device-list sender delivers them with its own updates
+CREATE TABLE outbound_to_device (
+	id          {{ID}},
+	destination {{TEXT}} NOT NULL,
+	content     {{TEXT}} NOT NULL
+);
+CREATE INDEX outbound_to_device_destination ON outbound_to_device (destination, id);
+`},
+	{13, "dehydrated devices", `
+-- each user's dehydrated device (MSC3814), at most one: a device of the
+-- devices table without access tokens, and the client's opaque
+-- device_data (a JSON object) to rehydrate it with
+CREATE TABLE dehydrated_devices (
+	user_id     {{TEXT}} PRIMARY KEY,
+	device_id   {{TEXT}} NOT NULL,
+	device_data {{TEXT}} NOT NULL
+);
+`},
 	{14, "rooms: events with their room version, state snapshots, current state, aliases, transaction IDs", `
 -- a room this server takes part in. room_version decides the format of its
 -- events and its auth rules; state_snapshot is the room's current state

@@ -11,13 +11,16 @@ import (
 // PendingDestinations lists the servers with updates waiting.
 func (s *Store) PendingDestinations(ctx context.Context) (_ []string, err error) {
 	defer named("PendingDestinations", &err)
-	return s.userList(ctx, `SELECT DISTINCT destination FROM outbound_device_updates`)
+	return s.userList(ctx, `SELECT destination FROM outbound_device_updates
+		UNION SELECT destination FROM outbound_signing_key_updates`)
 }
 
 // OutboundQueue counts the pending updates per destination.
 func (s *Store) OutboundQueue(ctx context.Context) (_ map[string]int, err error) {
 	defer named("OutboundQueue", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT destination, COUNT(*) FROM outbound_device_updates GROUP BY destination`)
+	rows, err := s.q.QueryContext(ctx, `SELECT destination, COUNT(*) FROM (
+		SELECT destination FROM outbound_device_updates
+		UNION ALL SELECT destination FROM outbound_signing_key_updates) q GROUP BY destination`)
 	if err != nil {
 		return nil, err
 	}
@@ -39,15 +42,20 @@ func (s *Store) OutboundQueue(ctx context.Context) (_ map[string]int, err error)
 // keeps the destination's chain of the user's stream_ids unbroken: the
 // last stream_id delivered there, the previous update in this batch, or,
 // for a destination never sent this user's updates, where its chain
-// starts (see chainStart).
+// starts (see chainStart). Signing-key updates come in the same order, by
+// their stream_id, outside the chain.
 func (s *Store) PendingUpdates(ctx context.Context, destination string, limit int) (_ []storage.OutboundUpdate, err error) {
 	defer named("PendingUpdates", &err)
 	rows, err := s.q.QueryContext(ctx, `
-		SELECT o.user_id, o.device_id, o.stream_id, l.stream_id, d.user_id IS NULL, d.key_json, d.display_name
+		SELECT o.user_id, o.device_id, o.stream_id, l.stream_id, d.user_id IS NULL, d.key_json, d.display_name, 0
 		FROM outbound_device_updates o
 		LEFT JOIN outbound_last_sent l ON l.destination = o.destination AND l.user_id = o.user_id
 		LEFT JOIN devices d ON d.user_id = o.user_id AND d.device_id = o.device_id
-		WHERE o.destination = $1 ORDER BY o.stream_id LIMIT $2`, destination, limit)
+		WHERE o.destination = $1
+		UNION ALL
+		SELECT k.user_id, '', k.stream_id, NULL, 0 = 1, NULL, NULL, 1
+		FROM outbound_signing_key_updates k WHERE k.destination = $1
+		ORDER BY 3 LIMIT $2`, destination, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -57,13 +65,15 @@ func (s *Store) PendingUpdates(ctx context.Context, destination string, limit in
 		var u storage.OutboundUpdate
 		var sent sql.NullInt64
 		var name sql.NullString
-		if err := rows.Scan(&u.UserID, &u.DeviceID, &u.StreamID, &sent, &u.Deleted, &u.KeyJSON, &name); err != nil {
+		var signingKeys int
+		if err := rows.Scan(&u.UserID, &u.DeviceID, &u.StreamID, &sent, &u.Deleted, &u.KeyJSON, &name, &signingKeys); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		if name.Valid {
 			u.DisplayName = &name.String
 		}
+		u.SigningKeys = signingKeys == 1
 		out = append(out, u)
 		lastSent = append(lastSent, sent)
 	}
@@ -74,6 +84,9 @@ func (s *Store) PendingUpdates(ctx context.Context, destination string, limit in
 	prev := map[string]int64{}
 	for i := range out {
 		u := &out[i]
+		if u.SigningKeys {
+			continue
+		}
 		if p, ok := prev[u.UserID]; ok {
 			u.PrevID = p
 		} else if lastSent[i].Valid {
@@ -87,7 +100,7 @@ func (s *Store) PendingUpdates(ctx context.Context, destination string, limit in
 		}
 		prev[u.UserID] = u.StreamID
 	}
-	return out, nil
+	return out, s.withCurrentKeys(ctx, out)
 }
 
 // chainStart is the prev_id of the first update of userID sent to a
@@ -127,12 +140,21 @@ func likeServer(serverName string) string {
 
 // MarkUpdatesSent records a delivered batch: each update leaves the queue
 // unless a newer change of its device replaced it meanwhile, and the
-// destination's last delivered stream_id of each user moves on.
+// destination's last delivered stream_id of each user moves on (signing-key
+// updates, outside that chain, leave it).
 func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) (err error) {
 	defer named("MarkUpdatesSent", &err)
 	return s.write(ctx, func(tx *txn) error {
 		newest := map[string]int64{}
 		for _, u := range sent {
+			if u.SigningKeys {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_signing_key_updates
+					WHERE destination = $1 AND user_id = $2 AND stream_id = $3`,
+					destination, u.UserID, u.StreamID); err != nil {
+					return err
+				}
+				continue
+			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_device_updates
 				WHERE destination = $1 AND user_id = $2 AND device_id = $3 AND stream_id = $4`,
 				destination, u.UserID, u.DeviceID, u.StreamID); err != nil {
