@@ -387,8 +387,12 @@ func TestRoomMembership(t *testing.T) {
 		srv.Must(t, "POST", roomPath(roomID, "/forget"), bob.Token, nil)
 		expectError(t, srv, "POST", roomPath("!nowhere:test.local", "/forget"), bob.Token, nil, 404, "M_NOT_FOUND")
 
-		// Rejecting an invite is a leave.
+		// Rejecting an invite is a leave. A new invite brings a forgotten
+		// room back.
 		srv.Must(t, "POST", roomPath(roomID, "/invite"), alice.Token, map[string]any{"user_id": bob.UserID})
+		if section(t, roomSync(t, srv, bob, nil), "invite", roomID) == nil {
+			t.Fatal("an invite into a forgotten room is not in /sync")
+		}
 		srv.Must(t, "POST", roomPath(roomID, "/leave"), bob.Token, nil)
 		if m := membershipOf(t, srv, alice, roomID, bob.UserID); m != "leave" {
 			t.Fatalf("bob rejected the invite but is %q", m)

@@ -170,7 +170,8 @@ func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	if ev.Type != "m.room.member" {
 		return nil
 	}
-	if ev.Membership == storage.MembershipJoin && strings.HasSuffix(*ev.StateKey, ":"+s.serverName) {
+	// A forgotten room comes back with a new invite or join.
+	if (ev.Membership == storage.MembershipJoin || ev.Membership == storage.MembershipInvite) && strings.HasSuffix(*ev.StateKey, ":"+s.serverName) {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM room_forgotten WHERE user_id = $1 AND room_id = $2`, *ev.StateKey, ev.RoomID); err != nil {
 			return err
 		}
