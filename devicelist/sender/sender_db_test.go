@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,38 +16,10 @@ import (
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/testdb"
+	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
-
-func openStore(t *testing.T, serverName string) *sqlstore.Store {
-	t.Helper()
-	s, err := sqlstore.Open(context.Background(), "file:"+filepath.Join(t.TempDir(), "ks.db"), serverName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func noJitter(int64) int64 { return 0 }
-
-func quiet() logrus.FieldLogger {
-	l := logrus.New()
-	l.SetOutput(io.Discard)
-	return l
-}
 
 // recordingTransport captures transactions and fails while told to.
 type recordingTransport struct {
@@ -81,7 +51,7 @@ func (r *recordingTransport) counts() (attempts, delivered int) {
 func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	db := openStore(t, "local.test")
+	db := workertest.OpenStore(t, "local.test")
 	alice := "@alice:local.test"
 	if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
 		t.Fatal(err)
@@ -126,18 +96,18 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	clk := clock.NewFake()
 	tr := &recordingTransport{fail: true}
 	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour,
-		Sweep: time.Hour, Jitter: noJitter, Logger: quiet()})
+		Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	go sender.Run(ctx)
 	start := clk.Now()
-	waitUntil(t, "the first attempt", func() bool { a, _ := tr.counts(); return a == 1 })
+	workertest.WaitUntil(t, "the first attempt", func() bool { a, _ := tr.counts(); return a == 1 })
 	// Advance only once the sender waits for the retry.
-	waitUntil(t, "the wait for the retry", func() bool { return clk.WaitsUntil(start.Add(time.Minute)) })
+	workertest.WaitUntil(t, "the wait for the retry", func() bool { return clk.WaitsUntil(start.Add(time.Minute)) })
 	clk.Advance(59 * time.Second)
 	if a, _ := tr.counts(); a != 1 {
 		t.Fatal("retried before the backoff ended")
 	}
 	clk.Advance(time.Second)
-	waitUntil(t, "the second attempt", func() bool { a, _ := tr.counts(); return a == 2 })
+	workertest.WaitUntil(t, "the second attempt", func() bool { a, _ := tr.counts(); return a == 2 })
 	tr.mu.Lock()
 	tr.fail = false
 	sameID := tr.ids[0] == tr.ids[1]
@@ -146,22 +116,22 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 		t.Fatal("a retried batch changed its transaction ID")
 	}
 	sender.DestinationAlive("remote.test") // ends the two-minute wait at once
-	waitUntil(t, "delivery", func() bool { _, d := tr.counts(); return d == 1 })
+	workertest.WaitUntil(t, "delivery", func() bool { _, d := tr.counts(); return d == 1 })
 	edus := tr.txns[0].EDUs
 	if len(edus) != 2 || edus[0].Type != "m.device_list_update" {
 		t.Fatalf("EDUs %v", edus)
 	}
-	waitUntil(t, "the queue to empty", func() bool { p, _ := db.PendingDestinations(ctx); return len(p) == 0 })
+	workertest.WaitUntil(t, "the queue to empty", func() bool { p, _ := db.PendingDestinations(ctx); return len(p) == 0 })
 
 	// The next update chains to the last one delivered.
 	rename("D2", "x")
 	sender.Poke()
-	waitUntil(t, "the next delivery", func() bool { _, d := tr.counts(); return d == 2 })
+	workertest.WaitUntil(t, "the next delivery", func() bool { _, d := tr.counts(); return d == 2 })
 	want := fmt.Sprintf(`"prev_id":[%d]`, d2)
 	if got := string(tr.txns[1].EDUs[0].Content); !strings.Contains(got, want) {
 		t.Fatalf("EDU %s lacks %s", got, want)
 	}
-	waitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
+	workertest.WaitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
 }
 
 // Of two daemons on one database, the one holding a destination's lease
@@ -169,7 +139,7 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 func TestSenderLeaseHeldElsewhere(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	db := openStore(t, "local.test")
+	db := workertest.OpenStore(t, "local.test")
 	alice := "@alice:local.test"
 	if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
 		t.Fatal(err)
@@ -189,9 +159,9 @@ func TestSenderLeaseHeldElsewhere(t *testing.T) {
 	}
 	tr := &recordingTransport{}
 	counted := &leaseCounter{Database: db}
-	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: quiet()})
+	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
 	go sender.Run(ctx)
-	waitUntil(t, "the worker to try and stand down", func() bool {
+	workertest.WaitUntil(t, "the worker to try and stand down", func() bool {
 		return counted.calls.Load() >= 1 && sender.Busy() == 0 && clk.WaitsUntil(clk.Now().Add(time.Hour))
 	})
 	if n := counted.calls.Load(); n != 1 {
@@ -202,7 +172,7 @@ func TestSenderLeaseHeldElsewhere(t *testing.T) {
 	}
 	// Once the other daemon's lease has expired, the next sweep sends.
 	clk.Advance(2 * time.Hour)
-	waitUntil(t, "delivery after the lease expired", func() bool { _, d := tr.counts(); return d == 1 })
+	workertest.WaitUntil(t, "delivery after the lease expired", func() bool { _, d := tr.counts(); return d == 1 })
 }
 
 // leaseCounter counts lease attempts.
@@ -310,7 +280,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 		clk := clock.NewFake()
 		log, hook := logtest.NewNullLogger()
 		tr := &recordingTransport{}
-		sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: noJitter, Logger: log})
+		sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: log})
 		done := make(chan struct{})
 		go func() { defer close(done); sender.Run(ctx) }()
 		defer func() { cancel(); <-done }()
@@ -321,7 +291,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 			t.Helper()
 			login(device)
 			sender.Poke()
-			waitUntil(t, "delivery", func() bool {
+			workertest.WaitUntil(t, "delivery", func() bool {
 				_, d := tr.counts()
 				return d == n && db.called("ReleaseDestination") >= n && sender.Busy() == 0
 			})

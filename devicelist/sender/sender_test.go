@@ -11,6 +11,7 @@ import (
 
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
+	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -59,10 +60,10 @@ func (s *scriptedTransport) delivered() []fedclient.Transaction {
 // goes, without workers, so a test drives process itself.
 func startTest(q Store, tr Transport, o Options) *Sender {
 	if o.Logger == nil {
-		o.Logger = quiet()
+		o.Logger = workertest.Quiet()
 	}
 	if o.Jitter == nil {
-		o.Jitter = noJitter
+		o.Jitter = workertest.NoJitter
 	}
 	o.ServerName = "local.test"
 	s := New(q, tr, o)
@@ -307,7 +308,7 @@ func TestEDUContent(t *testing.T) {
 			`{"deleted":true,"device_id":"D","prev_id":[9],"stream_id":12,"user_id":"@a:l"}`},
 	} {
 		s := New(newFakeQueue(), &scriptedTransport{}, Options{DeviceNames: tc.names})
-		if got := string(s.eduContent(quiet(), tc.u)); got != tc.want {
+		if got := string(s.eduContent(workertest.Quiet(), tc.u)); got != tc.want {
 			t.Errorf("got  %s\nwant %s", got, tc.want)
 		}
 	}
@@ -351,16 +352,16 @@ func TestPoolBoundsConcurrentSends(t *testing.T) {
 		q.add(fmt.Sprintf("s%02d.test", i), 1)
 	}
 	tr := &blockingTransport{delivered: map[string]int{}, release: make(chan struct{})}
-	s := New(q, tr, Options{ServerName: "local.test", Workers: 3, Clock: clock.NewFake(), Logger: quiet(), Jitter: noJitter})
+	s := New(q, tr, Options{ServerName: "local.test", Workers: 3, Clock: clock.NewFake(), Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitUntil(t, "the pool to be busy", func() bool { n, _, _ := tr.state(); return n == 3 })
+	workertest.WaitUntil(t, "the pool to be busy", func() bool { n, _, _ := tr.state(); return n == 3 })
 	if b := s.Busy(); b != 40 {
 		t.Fatalf("%d destinations known, want 40", b)
 	}
 	close(tr.release)
-	waitUntil(t, "every destination", func() bool { _, _, d := tr.state(); return d == 40 && s.Busy() == 0 })
+	workertest.WaitUntil(t, "every destination", func() bool { _, _, d := tr.state(); return d == 40 && s.Busy() == 0 })
 	if _, peak, _ := tr.state(); peak != 3 {
 		t.Fatalf("%d sends at once with 3 workers", peak)
 	}
@@ -378,11 +379,11 @@ func TestSignalsDoNotWaitOnTheDatabase(t *testing.T) {
 			hold := make(chan struct{})
 			q.hold[op] = hold
 			tr := &scriptedTransport{}
-			s := New(q, tr, Options{ServerName: "local.test", Workers: 2, Clock: clock.NewFake(), Logger: quiet(), Jitter: noJitter})
+			s := New(q, tr, Options{ServerName: "local.test", Workers: 2, Clock: clock.NewFake(), Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
 			done := make(chan struct{})
 			go func() { defer close(done); s.Run(ctx) }()
 			defer func() { cancel(); <-done }()
-			waitUntil(t, "a worker to be stuck in "+op, func() bool { return q.blocked(op) > 0 })
+			workertest.WaitUntil(t, "a worker to be stuck in "+op, func() bool { return q.blocked(op) > 0 })
 			signalled := make(chan struct{})
 			go func() {
 				defer close(signalled)
@@ -391,7 +392,7 @@ func TestSignalsDoNotWaitOnTheDatabase(t *testing.T) {
 				s.Poke()
 				s.Busy()
 			}()
-			waitUntil(t, "the signals to return", func() bool {
+			workertest.WaitUntil(t, "the signals to return", func() bool {
 				select {
 				case <-signalled:
 					return true
@@ -400,7 +401,7 @@ func TestSignalsDoNotWaitOnTheDatabase(t *testing.T) {
 				}
 			})
 			close(hold)
-			waitUntil(t, "delivery", func() bool { return len(tr.delivered()) == 1 && s.Busy() == 0 })
+			workertest.WaitUntil(t, "delivery", func() bool { return len(tr.delivered()) == 1 && s.Busy() == 0 })
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/clock"
+	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -45,7 +46,7 @@ func TestSigningKeyAndSignedDeviceEDUs(t *testing.T) {
 			`{"deleted":false,"device_id":"D","keys":{"device_id":"D","signatures":{"@a:l":{"ed25519:D":"self","ed25519:SSK":"on-device"}},"user_id":"@a:l"},` +
 				`"prev_id":[5],"stream_id":9,"user_id":"@a:l"}`},
 	} {
-		e := s.edu(quiet(), tc.u)
+		e := s.edu(workertest.Quiet(), tc.u)
 		if e.Type != tc.typ || string(e.Content) != tc.want {
 			t.Errorf("got  %s %s\nwant %s %s", e.Type, e.Content, tc.typ, tc.want)
 		}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,46 +14,18 @@ import (
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/testdb"
+	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
-
-func openStore(t *testing.T, serverName string) *sqlstore.Store {
-	t.Helper()
-	s, err := sqlstore.Open(context.Background(), "file:"+filepath.Join(t.TempDir(), "ks.db"), serverName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func noJitter(int64) int64 { return 0 }
-
-func quiet() logrus.FieldLogger {
-	l := logrus.New()
-	l.SetOutput(io.Discard)
-	return l
-}
 
 // Users of one server are resynced one at a time; servers in different
 // shards go in parallel.
 func TestUpdaterShardsByServer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	db := openStore(t, "local.test")
-	u := New(db, nil, Options{Shards: 4, Clock: clock.NewFake(), Jitter: noJitter, Logger: quiet()})
+	db := workertest.OpenStore(t, "local.test")
+	u := New(db, nil, Options{Shards: 4, Clock: clock.NewFake(), Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	// Two servers in different shards.
 	servers := []string{"s0.test"}
 	for i := 1; len(servers) < 2; i++ {
@@ -91,9 +61,9 @@ func TestUpdaterShardsByServer(t *testing.T) {
 		return err
 	}
 	go u.Run(ctx)
-	waitUntil(t, "both servers to be worked on", func() bool { mu.Lock(); defer mu.Unlock(); return total == 2 })
+	workertest.WaitUntil(t, "both servers to be worked on", func() bool { mu.Lock(); defer mu.Unlock(); return total == 2 })
 	close(release)
-	waitUntil(t, "all resyncs", func() bool { mu.Lock(); defer mu.Unlock(); return done == 8 })
+	workertest.WaitUntil(t, "all resyncs", func() bool { mu.Lock(); defer mu.Unlock(); return done == 8 })
 	for _, srv := range servers {
 		if peak[srv] != 1 {
 			t.Errorf("%s had %d resyncs in flight at once", srv, peak[srv])
@@ -102,7 +72,7 @@ func TestUpdaterShardsByServer(t *testing.T) {
 	if peakTotal != 2 {
 		t.Errorf("servers in different shards were not worked on together (peak %d)", peakTotal)
 	}
-	waitUntil(t, "the queue to empty", func() bool {
+	workertest.WaitUntil(t, "the queue to empty", func() bool {
 		due, _ := db.DueStaleUsers(ctx, 1<<62, 100)
 		return len(due) == 0
 	})
@@ -114,10 +84,10 @@ func TestUpdaterShardsByServer(t *testing.T) {
 // restarted updater keeps to the schedule.
 func TestUpdaterBackoff(t *testing.T) {
 	ctx := context.Background()
-	db := openStore(t, "local.test")
+	db := workertest.OpenStore(t, "local.test")
 	clk := clock.NewFake()
-	o := Options{Clock: clk, Jitter: noJitter, TimeoutBase: time.Minute, TimeoutMax: 8 * time.Minute,
-		ErrorBase: 5 * time.Minute, ErrorMax: time.Hour, Logger: quiet()}
+	o := Options{Clock: clk, Jitter: workertest.NoJitter, TimeoutBase: time.Minute, TimeoutMax: 8 * time.Minute,
+		ErrorBase: 5 * time.Minute, ErrorMax: time.Hour, Logger: workertest.Quiet()}
 	var failWith error
 	calls := 0
 	u := New(db, func(ctx context.Context, server, userID string) error { calls++; return failWith }, o)
@@ -287,7 +257,7 @@ func TestUpdaterLogsDatabaseErrors(t *testing.T) {
 		u := New(db, func(ctx context.Context, server, userID string) error {
 			resyncs++
 			return errors.New("i/o timeout")
-		}, Options{Clock: clk, Jitter: noJitter, Logger: log})
+		}, Options{Clock: clk, Jitter: workertest.NoJitter, Logger: log})
 		user := storage.StaleUser{UserID: "@a:down.test", ServerName: "down.test"}
 		if err := store.MarkRemoteStale(ctx, user.UserID, user.ServerName, 0); err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
+	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -24,7 +25,7 @@ func TestResyncDecisions(t *testing.T) {
 	var failWith error
 	calls := 0
 	u := New(db, func(ctx context.Context, server, userID string) error { calls++; return failWith },
-		Options{Clock: clk, Jitter: noJitter, Logger: quiet(), TimeoutBase: 10 * time.Second, TimeoutMax: 40 * time.Second,
+		Options{Clock: clk, Jitter: workertest.NoJitter, Logger: workertest.Quiet(), TimeoutBase: 10 * time.Second, TimeoutMax: 40 * time.Second,
 			ErrorBase: time.Minute, ErrorMax: 3 * time.Minute})
 	now := func() int64 { return clk.Now().UnixMilli() }
 	db.mark("@a:down.test", "down.test", 0)
@@ -103,7 +104,7 @@ func TestDispatchOncePerUser(t *testing.T) {
 	ctx := context.Background()
 	db := newFakeStore()
 	clk := clock.NewFake()
-	u := New(db, nil, Options{Shards: 1, Clock: clk, Jitter: noJitter, Logger: quiet()})
+	u := New(db, nil, Options{Shards: 1, Clock: clk, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	room := cap(u.shards[0])
 	for i := 0; i < room+6; i++ {
 		db.mark(fmt.Sprintf("@u%03d:s.test", i), "s.test", 0)
@@ -147,7 +148,7 @@ func TestStartSpreadsDueUsers(t *testing.T) {
 		clk := clock.NewFake()
 		var drawn []int64
 		maxJitter := func(n int64) int64 { drawn = append(drawn, n); return n - 1 }
-		u := New(db, nil, Options{Clock: clk, Jitter: maxJitter, Logger: quiet(), StartSpread: 5 * time.Second})
+		u := New(db, nil, Options{Clock: clk, Jitter: maxJitter, Logger: workertest.Quiet(), StartSpread: 5 * time.Second})
 		for i := 0; i < tc.users; i++ {
 			db.mark(fmt.Sprintf("@u%d:s.test", i), "s.test", clk.Now().UnixMilli()-int64(i))
 		}
@@ -181,23 +182,23 @@ func TestRunWaitsForTheNextDueUser(t *testing.T) {
 		mu.Unlock()
 		db.remove(userID)
 		return nil
-	}, Options{Shards: 2, Clock: clk, Jitter: noJitter, Logger: quiet()})
+	}, Options{Shards: 2, Clock: clk, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(resynced) }
 	db.mark("@a:s.test", "s.test", clk.Now().Add(90*time.Second).UnixMilli())
 	done := make(chan struct{})
 	go func() { defer close(done); u.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	waitUntil(t, "the updater to wait", func() bool { return clk.Waiting() == 1 })
+	workertest.WaitUntil(t, "the updater to wait", func() bool { return clk.Waiting() == 1 })
 	clk.Advance(time.Minute) // waits are at most a minute
-	waitUntil(t, "the updater to wait again", func() bool { return clk.Waiting() == 1 })
+	workertest.WaitUntil(t, "the updater to wait again", func() bool { return clk.Waiting() == 1 })
 	clk.Advance(29 * time.Second)
-	waitUntil(t, "the updater to wait again", func() bool { return clk.Waiting() == 1 })
+	workertest.WaitUntil(t, "the updater to wait again", func() bool { return clk.Waiting() == 1 })
 	if n := count(); n != 0 {
 		t.Fatal("resynced before it was due")
 	}
 	clk.Advance(time.Second)
-	waitUntil(t, "the resync", func() bool { return count() == 1 })
+	workertest.WaitUntil(t, "the resync", func() bool { return count() == 1 })
 }
 
 // A sign of life from a held-back server, which arrives on the path of
@@ -220,7 +221,7 @@ func TestServerAliveDoesNotWait(t *testing.T) {
 		resynced++
 		db.remove(userID)
 		return nil
-	}, Options{Clock: clk, Jitter: noJitter, Logger: quiet()})
+	}, Options{Clock: clk, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	db.mark("@a:down.test", "down.test", 0)
 	a, _ := db.entry("@a:down.test")
 	u.resyncOne(ctx, a) // fails: the server is held back
@@ -239,7 +240,7 @@ func TestServerAliveDoesNotWait(t *testing.T) {
 		t.Helper()
 		ch := make(chan struct{})
 		go func() { defer close(ch); f() }()
-		waitUntil(t, "ServerAlive to return", func() bool {
+		workertest.WaitUntil(t, "ServerAlive to return", func() bool {
 			select {
 			case <-ch:
 				return true
@@ -249,7 +250,7 @@ func TestServerAliveDoesNotWait(t *testing.T) {
 		})
 	}
 	returned(func() { u.ServerAlive("down.test") })
-	waitUntil(t, "the background write", func() bool { return db.called("RetryServerNow") == 1 })
+	workertest.WaitUntil(t, "the background write", func() bool { return db.called("RetryServerNow") == 1 })
 	// The write is stuck in the database; more requests still return.
 	returned(func() {
 		for i := 0; i < 100; i++ {
@@ -257,7 +258,7 @@ func TestServerAliveDoesNotWait(t *testing.T) {
 		}
 	})
 	close(db.block)
-	waitUntil(t, "the resync", func() bool { mu.Lock(); defer mu.Unlock(); return resynced == 1 })
+	workertest.WaitUntil(t, "the resync", func() bool { mu.Lock(); defer mu.Unlock(); return resynced == 1 })
 	if n := db.called("RetryServerNow"); n != 1 {
 		t.Fatalf("%d writes for one burst of requests, want 1", n)
 	}
