@@ -51,6 +51,10 @@ type options struct {
 	claimStock                  int
 	pids                        []int  // the daemons' processes, for their CPU time
 	postgresData                string // data directory of a local PostgreSQL cluster, for its CPU time
+	metricsURLs                 []string
+	adminToken                  string
+	syncWaiters, syncRoom       int
+	syncTimeout, syncGrace      time.Duration
 }
 
 func main() {
@@ -72,14 +76,29 @@ func main() {
 	flag.IntVar(&o.queryUsers, "query-users", 20, "users named in each /keys/query")
 	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
-	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order")
+	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order: query, claim, upload, mixed, "+
+		"and sync (thousands of waiting /sync requests and one device change; needs -admin-token)")
 	flag.IntVar(&o.presign, "presign", 60, "upload-phase bodies signed per device before the phases start, so that "+
 		"the tool's CPU during a phase goes to sending requests; more are signed as they are sent")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
 	fixed := flag.String("serve-fixed", "", "instead of measuring, serve fixed answers without a database on this `address`: "+
 		"measuring that server gives the ceiling set by the tool itself on this machine")
 	cpuProfile := flag.String("cpuprofile", "", "write the tool's own CPU profile to this `file`, to see what bounds it")
+	metricsURLs := flag.String("metrics-url", "", "the daemons' Prometheus /metrics URLs, separated by commas: the sync phase "+
+		"reads from them when every request waits and how many database statements a change costs")
+	flag.StringVar(&o.adminToken, "admin-token", "", "the daemons' admin token: the sync phase puts users in a room with it")
+	flag.IntVar(&o.syncWaiters, "sync-waiters", 10000, "sync phase: users with a waiting /sync, each on its own connection")
+	flag.IntVar(&o.syncRoom, "sync-room", 100, "sync phase: waiters sharing a room with the user whose device changes")
+	flag.DurationVar(&o.syncTimeout, "sync-timeout", time.Minute, "sync phase: timeout of the waiting requests "+
+		"(the daemon caps it at its client_api.sync_max_timeout), and longest wait for the room's answers")
+	flag.DurationVar(&o.syncGrace, "sync-grace", 2*time.Second, "sync phase: how long, after the room's answers, to watch for "+
+		"other waiters waking")
 	flag.Parse()
+	for _, u := range strings.Split(*metricsURLs, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			o.metricsURLs = append(o.metricsURLs, u)
+		}
+	}
 	var err error
 	if o.urls, o.pids, err = parseTargets(*urls, *pids); err != nil {
 		fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
@@ -164,8 +183,17 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	fmt.Fprintf(out, "set-up: %d users, %d devices, %d one-time keys each, in %s\n",
 		o.users, len(b.devices), o.otks, time.Since(start).Round(time.Millisecond))
 	var results []phaseResult
+	var syncRes *syncResult
 	stocked := false
 	for _, name := range strings.Split(o.phases, ",") {
+		if name == "sync" {
+			r, err := b.syncPhase(ctx, out)
+			if err != nil {
+				return err
+			}
+			syncRes = &r
+			continue
+		}
 		op, ok := b.ops()[name]
 		if !ok {
 			return fmt.Errorf("unknown phase %q", name)
@@ -185,6 +213,23 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		}
 		results = append(results, r)
 	}
+	if len(results) > 0 {
+		printResults(out, results, o)
+	}
+	if syncRes != nil {
+		syncRes.print(out, o.syncGrace)
+	}
+	fmt.Fprintf(out, "keys handed out twice: %d; device signatures checked: %d, bad: %d\n",
+		b.twice.Load(), b.verified.Load(), b.badSigs.Load())
+	if b.twice.Load() > 0 || b.badSigs.Load() > 0 {
+		return errors.New("the server handed out a key twice or served a bad signature")
+	}
+	return nil
+}
+
+// printResults prints the table of the phases, the empty claims, and the
+// CPU time per request when it was measured.
+func printResults(out io.Writer, results []phaseResult, o options) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\terrors\t")
 	for _, r := range results {
@@ -196,15 +241,9 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		empty += r.empty
 	}
 	fmt.Fprintf(out, "claims that found no key (not in requests or req/s): %d\n", empty)
-	if b.cpu.enabled() {
+	if len(o.pids) > 0 || o.postgresData != "" {
 		printCPU(out, results, len(o.pids))
 	}
-	fmt.Fprintf(out, "keys handed out twice: %d; device signatures checked: %d, bad: %d\n",
-		b.twice.Load(), b.verified.Load(), b.badSigs.Load())
-	if b.twice.Load() > 0 || b.badSigs.Load() > 0 {
-		return errors.New("the server handed out a key twice or served a bad signature")
-	}
-	return nil
 }
 
 // do sends a JSON request (a value to encode, or []byte sent as it is) and

@@ -4,18 +4,24 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/daemon"
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -147,5 +153,57 @@ func TestParseTargets(t *testing.T) {
 		if _, _, err := parseTargets(bad[0], bad[1]); err == nil {
 			t.Fatalf("%q %q accepted", bad[0], bad[1])
 		}
+	}
+}
+
+// The sync phase against a daemon: the waiters in the room wake with the
+// change, the others do not, and the daemon's memory and statements are
+// read.
+func TestSyncPhase(t *testing.T) {
+	cfg := config.Default()
+	cfg.DataDir = filepath.Join(t.TempDir(), "data")
+	cfg.Database = testutil.SQLite(t).URI
+	cfg.ClientAPI.Listen = "127.0.0.1:0"
+	cfg.Federation.Listen = "127.0.0.1:0"
+	cfg.Metrics.Listen = "127.0.0.1:0"
+	cfg.ClientAPI.BcryptCost = 4
+	cfg.ClientAPI.RegistrationRateLimit.PerSecond = 0
+	cfg.ClientAPI.MaxConnectionsPerAddress = 10 // below the waiters: they come from several addresses
+	cfg.AdminToken = "admin"
+	logger := logrus.New()
+	logger.SetOutput(io.Discard)
+	d, err := daemon.Start(context.Background(), cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Shutdown(context.Background())
+	var out bytes.Buffer
+	o := options{urls: []string{"http://" + d.ClientAddr()}, users: 2, devices: 1, otks: 1, clients: 4, queryUsers: 1, upload: 1,
+		phases: "sync", seed: 1, pids: []int{os.Getpid()}, metricsURLs: []string{"http://" + d.MetricsAddr() + "/metrics"},
+		adminToken: "admin", syncWaiters: 40, syncRoom: 7, syncTimeout: 30 * time.Second, syncGrace: 300 * time.Millisecond}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+	for _, want := range []string{"sync: 40 waiting /sync requests, 7 of them", "woke: 7 of 7 in the room, 0 others",
+		"KB per waiting request", "change to answer (ms): p50", "database statements per woken request: "} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, bad := range []string{"did not see the change", "failed waits"} {
+		if strings.Contains(out.String(), bad) {
+			t.Fatalf("output has %q:\n%s", bad, out.String())
+		}
+	}
+}
+
+func TestMetricValue(t *testing.T) {
+	text := "# HELP keyserver_sync_waiting x\nkeyserver_sync_waiting_other 3\nkeyserver_sync_waiting 42\n"
+	if v, err := metricValue(strings.NewReader(text), "keyserver_sync_waiting"); err != nil || v != 42 {
+		t.Fatalf("got %v %v", v, err)
+	}
+	if _, err := metricValue(strings.NewReader(text), "absent"); err == nil {
+		t.Fatal("an absent metric was read")
 	}
 }
