@@ -35,11 +35,11 @@ wait_health() { # port
 
 bench_one() { # name database-uri [postgres-data-dir]
   local name=$1 db=$2 pgdata=${3:-} base i dir port
-  local dirs=() urls=() pids=() extra=()
+  local dirs=() urls=() pids=() metrics=() extra=()
   base=$((20000 + RANDOM % 20000))
   for i in $(seq "$DAEMONS"); do
     dir=$(mktemp -d /tmp/keyserver-bench.XXXXXX)
-    port=$((base + 2 * (i - 1)))
+    port=$((base + 3 * (i - 1)))
     dirs+=("$dir")
     # Daemons on one database serve one server: they share the first's
     # signing key.
@@ -49,32 +49,34 @@ bench_one() { # name database-uri [postgres-data-dir]
     # registers and logs in hundreds of users from one address, and password
     # hashing is not what is measured. No cap on connections per address:
     # every client of the tool comes from 127.0.0.1. The admin token lets
-    # the sync phase put users in rooms.
+    # the sync phase put users in rooms, and the metrics tell it when every
+    # request waits and how many statements the database was sent.
     bin/keyserver --data-dir "$dir" --database "$db" --client-listen "127.0.0.1:$port" \
       --federation-listen "127.0.0.1:$((port + 1))" --client-api-bcrypt-cost 4 "${key[@]}" \
       --client-api-login-rate-limit-per-second 0 --client-api-registration-rate-limit-per-second 0 \
       --client-api-max-connections-per-address 0 --admin-token bench-admin \
-      --log-level warn >"$dir/log" 2>&1 &
+      --metrics-listen "127.0.0.1:$((port + 2))" --log-level warn >"$dir/log" 2>&1 &
     pids+=($!)
     urls+=("http://127.0.0.1:$port")
+    metrics+=("http://127.0.0.1:$((port + 2))/metrics")
     wait_health "$port"
   done
   [ -n "$pgdata" ] && extra=(-postgres-data "$pgdata")
   echo "== $name$([ "$DAEMONS" -gt 1 ] && echo ", $DAEMONS daemons on one database")"
   if [[ $db == postgres* ]]; then
     echo "PostgreSQL settings: $(psql -Atc "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
-      WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')" "$db" 2>/dev/null || echo unknown (psql failed))"
+      WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')" "$db" 2>/dev/null || echo "unknown (psql failed)")"
   fi
   bin/keyserver-bench -url "$(IFS=,; echo "${urls[*]}")" -pid "$(IFS=,; echo "${pids[*]}")" -admin-token bench-admin \
-    "${extra[@]}" "${BENCH_ARGS[@]}" || status=1
+    -metrics-url "$(IFS=,; echo "${metrics[*]}")" "${extra[@]}" "${BENCH_ARGS[@]}" || status=1
   for i in "${!pids[@]}"; do
     echo "daemon $((i + 1)) resident memory: $(( $(awk '/VmRSS/ {print $2}' "/proc/${pids[$i]}/status") / 1024 )) MB"
   done
-  for pid in "${pids[@]}"; do kill "$pid"; wait "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   rm -rf "${dirs[@]}"
 }
 
-status=0
+status=${BENCH_STATUS:-0}
 if [ -z "${INNER:-}" ]; then
   # The ceiling: the same workload against fixed answers, no database.
   port=$((20000 + RANDOM % 20000))
@@ -90,7 +92,7 @@ if [ -z "${INNER:-}" ]; then
   if [ -z "${KEYSERVER_TEST_POSTGRES:-}" ]; then
     # A throwaway cluster with fsync and synchronous_commit on, as
     # PostgreSQL runs by default.
-    INNER=1 DAEMONS=$DAEMONS KEYSERVER_PG_DURABLE=1 exec scripts/with-postgres.sh "$0" "${BENCH_ARGS[@]}"
+    INNER=1 DAEMONS=$DAEMONS BENCH_STATUS=$status KEYSERVER_PG_DURABLE=1 exec scripts/with-postgres.sh "$0" "${BENCH_ARGS[@]}"
   fi
 fi
 if [ -n "${KEYSERVER_TEST_POSTGRES:-}" ]; then
