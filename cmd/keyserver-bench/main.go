@@ -9,7 +9,12 @@
 // them, as a client that reads its key count would) and mixed (80/10/10).
 // It checks
 // what it measures: no claimed key may be handed out twice, and a sample of
-// queried device keys must carry valid signatures.
+// queried device keys must carry valid signatures. Claims that find no
+// key are counted apart from the rate. Given the daemons' PIDs (and a
+// local PostgreSQL's data directory) it reports their CPU time per
+// request. The clients may be spread over several daemons (-url a,b,c).
+// The sync phase (sync.go) holds thousands of waiting /sync requests and
+// measures what one device change wakes.
 package main
 
 import (
