@@ -3,6 +3,7 @@ package clientapi_test
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"testing"
@@ -22,6 +23,13 @@ func newDehydrated(t *testing.T, u *testutil.User) (*testutil.User, map[string]a
 	_, priv, _ := ed25519.GenerateKey(rand.Reader)
 	d := &testutil.User{UserID: u.UserID, Key: priv}
 	d.DeviceID = testutil.RandomKeyFor(priv)
+	return d, dehydratedBody(t, u, d)
+}
+
+// dehydratedBody is the PUT body that makes d (its ID and key) u's
+// dehydrated device.
+func dehydratedBody(t *testing.T, u, d *testutil.User) map[string]any {
+	priv := d.Key
 	keys := testutil.Sign(t, map[string]any{
 		"user_id": u.UserID, "device_id": d.DeviceID, "dehydrated": true,
 		"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
@@ -38,7 +46,7 @@ func newDehydrated(t *testing.T, u *testutil.User) (*testutil.User, map[string]a
 		"one_time_keys":               d.OneTimeKeys(t, "D", 3),
 		"fallback_keys":               map[string]any{"signed_curve25519:F0": d.SignedKey(t, true)},
 	}
-	return d, body
+	return body
 }
 
 func dehydratedQuery(t *testing.T, srv *testutil.Server, u *testutil.User, userID string) map[string]any {
@@ -194,5 +202,148 @@ func TestDehydratedDevice(t *testing.T) {
 		srv.Must(t, "DELETE", "/_matrix/client/v3/devices/"+url.PathEscape(d3.DeviceID), alice.Token, map[string]any{"auth": map[string]any{
 			"type": "m.login.password", "identifier": map[string]any{"type": "m.id.user", "user": alice.UserID}, "password": alice.Password}})
 		fails("GET", dehydratedPath, nil, http.StatusNotFound, "M_NOT_FOUND")
+	})
+}
+
+// TestDehydratedRefusedKeys: a PUT whose keys /keys/upload would refuse for
+// a new device is refused before anything is written. The previous
+// dehydrated device stays with its messages (also when the new device
+// would have its ID), no device is made, and a room-mate sees no
+// device-list change.
+func TestDehydratedRefusedKeys(t *testing.T) {
+	const maxOTKs = 5
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{MaxOneTimeKeys: maxOTKs})
+		alice := srv.Register(t, "alice", "ALICE1")
+		bob := srv.Register(t, "bob", "BOB1")
+		srv.Join(t, "!r:test.local", alice.UserID)
+		srv.Join(t, "!r:test.local", bob.UserID)
+
+		d1, body := newDehydrated(t, alice)
+		srv.Must(t, "PUT", dehydratedPath, alice.Token, body)
+		srv.Must(t, "PUT", sendToDevicePath("m.room.encrypted", "t1"), bob.Token,
+			map[string]any{"messages": map[string]any{alice.UserID: map[string]any{d1.DeviceID: map[string]any{"n": 1}}}})
+		since := srv.Must(t, "GET", "/_matrix/client/v3/sync", bob.Token, nil)["next_batch"].(string)
+		bobSeesChange := func() bool {
+			t.Helper()
+			r := srv.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0&since="+url.QueryEscape(since), bob.Token, nil)
+			lists, _ := r["device_lists"].(map[string]any)
+			for _, u := range strs(t, lists["changed"]) {
+				if u == alice.UserID {
+					return true
+				}
+			}
+			return false
+		}
+
+		// Each fault is tried on a new device and on a device with the ID
+		// of the current dehydrated device.
+		faults := []struct {
+			name    string
+			spoil   func(t *testing.T, d *testutil.User, b map[string]any)
+			errcode string
+		}{
+			{"bad self-signature", func(t *testing.T, d *testutil.User, b map[string]any) {
+				_, other, _ := ed25519.GenerateKey(rand.Reader)
+				b["device_keys"] = dehydratedBody(t, alice, &testutil.User{UserID: d.UserID, DeviceID: d.DeviceID, Key: other})["device_keys"]
+				// The identity keys stay d's: only the signature is wrong.
+				b["device_keys"].(map[string]any)["keys"] = dehydratedBody(t, alice, d)["device_keys"].(map[string]any)["keys"]
+			}, "M_INVALID_PARAM"},
+			{"device_keys of another device", func(t *testing.T, d *testutil.User, b map[string]any) {
+				_, other := newDehydrated(t, alice)
+				b["device_keys"] = other["device_keys"]
+			}, "M_INVALID_PARAM"},
+			{"one-time key signed by another key", func(t *testing.T, d *testutil.User, b map[string]any) {
+				_, other, _ := ed25519.GenerateKey(rand.Reader)
+				forger := &testutil.User{UserID: d.UserID, DeviceID: d.DeviceID, Key: other}
+				b["one_time_keys"] = forger.OneTimeKeys(t, "X", 1)
+			}, "M_INVALID_PARAM"},
+			{"fallback key signed by another key", func(t *testing.T, d *testutil.User, b map[string]any) {
+				_, other, _ := ed25519.GenerateKey(rand.Reader)
+				forger := &testutil.User{UserID: d.UserID, DeviceID: d.DeviceID, Key: other}
+				b["fallback_keys"] = map[string]any{"signed_curve25519:FX": forger.SignedKey(t, true)}
+			}, "M_INVALID_PARAM"},
+			{"two fallback keys of one algorithm", func(t *testing.T, d *testutil.User, b map[string]any) {
+				b["fallback_keys"] = map[string]any{"signed_curve25519:F1": d.SignedKey(t, true), "signed_curve25519:F2": d.SignedKey(t, true)}
+			}, "M_INVALID_PARAM"},
+			{"over the one-time key cap", func(t *testing.T, d *testutil.User, b map[string]any) {
+				b["one_time_keys"] = d.OneTimeKeys(t, "C", maxOTKs+1)
+			}, "M_INVALID_PARAM"},
+			{"one-time key twice with other content", func(t *testing.T, d *testutil.User, b map[string]any) {
+				b["one_time_keys"] = json.RawMessage(`{"signed_curve25519:A":` + testutil.Canonical(t, d.SignedKey(t, false)) +
+					`,"signed_curve25519:A":` + testutil.Canonical(t, d.SignedKey(t, false)) + `}`)
+			}, "M_INVALID_PARAM"},
+		}
+		for _, sameID := range []bool{false, true} {
+			for _, f := range faults {
+				name := f.name + "/new ID"
+				if sameID {
+					name = f.name + "/current ID"
+				}
+				t.Run(name, func(t *testing.T) {
+					d := d1
+					if !sameID {
+						d, _ = newDehydrated(t, alice)
+					}
+					b := dehydratedBody(t, alice, d)
+					f.spoil(t, d, b)
+					if r := srv.Do(t, "PUT", dehydratedPath, alice.Token, b); r.Status != 400 || r.Errcode() != f.errcode {
+						t.Fatalf("%d %s, want 400 %s", r.Status, r.Raw, f.errcode)
+					}
+					if got := srv.Must(t, "GET", dehydratedPath, alice.Token, nil); got["device_id"] != d1.DeviceID ||
+						testutil.Canonical(t, got["device_data"]) != testutil.Canonical(t, body["device_data"]) {
+						t.Fatalf("the dehydrated device is now %v", got)
+					}
+					if r := srv.Must(t, "POST", dehydratedEventsPath(d1.DeviceID), alice.Token, map[string]any{}); len(r["events"].([]any)) != 1 {
+						t.Fatalf("the dehydrated device's messages are now %v", r["events"])
+					}
+					devs := dehydratedQuery(t, srv, bob, alice.UserID)
+					if len(devs) != 1 || testutil.Canonical(t, devs[d1.DeviceID]) != testutil.Canonical(t, body["device_keys"]) {
+						t.Fatalf("/keys/query after a refused PUT: %v", devs)
+					}
+					var ids []string
+					for _, dev := range srv.Must(t, "GET", "/_matrix/client/v3/devices", alice.Token, nil)["devices"].([]any) {
+						ids = append(ids, dev.(map[string]any)["device_id"].(string))
+					}
+					expectUsers(t, "alice's devices", ids, []string{"ALICE1", d1.DeviceID})
+					if bobSeesChange() {
+						t.Fatal("a room-mate's /sync shows a device-list change of alice")
+					}
+				})
+			}
+		}
+
+		// The check can see a change: a PUT that is accepted shows.
+		srv.Must(t, "PUT", dehydratedPath, alice.Token, dehydratedBody(t, alice, d1))
+		if !bobSeesChange() {
+			t.Fatal("an accepted PUT is not seen by a room-mate")
+		}
+	})
+}
+
+// TestDehydratedLaxKeys: with lax key validation the PUT accepts what
+// /keys/upload accepts (signatures unchecked) and still refuses, changing
+// nothing, what it refuses.
+func TestDehydratedLaxKeys(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{LaxKeyValidation: true})
+		alice := srv.Register(t, "alice", "ALICE1")
+		d1, body := newDehydrated(t, alice)
+		_, other, _ := ed25519.GenerateKey(rand.Reader)
+		forger := &testutil.User{UserID: d1.UserID, DeviceID: d1.DeviceID, Key: other}
+		body["one_time_keys"] = forger.OneTimeKeys(t, "X", 2)
+		srv.Must(t, "PUT", dehydratedPath, alice.Token, body)
+
+		d2, bad := newDehydrated(t, alice)
+		bad["fallback_keys"] = map[string]any{"signed_curve25519:F1": d2.SignedKey(t, true), "signed_curve25519:F2": d2.SignedKey(t, true)}
+		if r := srv.Do(t, "PUT", dehydratedPath, alice.Token, bad); r.Status != 400 || r.Errcode() != "M_INVALID_PARAM" {
+			t.Fatalf("%d %s, want 400 M_INVALID_PARAM", r.Status, r.Raw)
+		}
+		if got := srv.Must(t, "GET", dehydratedPath, alice.Token, nil); got["device_id"] != d1.DeviceID {
+			t.Fatalf("the dehydrated device is now %v", got["device_id"])
+		}
+		if list := srv.Must(t, "GET", "/_matrix/client/v3/devices", alice.Token, nil)["devices"].([]any); len(list) != 2 {
+			t.Fatalf("alice has %d devices after a refused PUT", len(list))
+		}
 	})
 }

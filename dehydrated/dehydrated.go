@@ -32,9 +32,12 @@ type Store interface {
 	CurrentPos(ctx context.Context) (storage.StreamPos, error)
 }
 
-// KeyUploader stores a device's keys, checked as /keys/upload checks them
-// (keyserver.Service).
+// KeyUploader checks and stores a device's keys as /keys/upload checks
+// them (keyserver.Service).
 type KeyUploader interface {
+	// CheckNewDeviceUpload checks an upload for a device with no stored
+	// keys, writing nothing.
+	CheckNewDeviceUpload(ctx context.Context, c keyserver.Caller, r keyserver.UploadRequest) error
 	UploadKeys(ctx context.Context, c keyserver.Caller, r keyserver.UploadRequest) (keyserver.UploadResponse, error)
 }
 
@@ -76,8 +79,9 @@ type DeviceAnswer struct {
 
 // Put creates the user's new dehydrated device with its keys and makes it
 // the dehydrated device, deleting the previous one with its keys and
-// messages. The keys are checked as /keys/upload checks them; refused
-// keys leave the previous dehydrated device in place.
+// messages. The keys are checked as /keys/upload checks them for a new
+// device before anything is written: refused keys change nothing (no
+// device made or replaced, no device-list change).
 func (s *Service) Put(ctx context.Context, userID string, r PutRequest) (DeviceAnswer, error) {
 	if r.DeviceID == "" {
 		return DeviceAnswer{}, mxerr.MissingParam("device_id is required")
@@ -89,8 +93,10 @@ func (s *Service) Put(ctx context.Context, userID string, r PutRequest) (DeviceA
 	if err != nil {
 		return DeviceAnswer{}, err
 	}
-	if t := bytes.TrimSpace(r.DeviceKeys); len(t) == 0 || string(t) == "null" {
-		return DeviceAnswer{}, mxerr.MissingParam("device_keys is required")
+	caller := keyserver.Caller{UserID: userID, DeviceID: r.DeviceID}
+	upload := keyserver.UploadRequest{DeviceKeys: r.DeviceKeys, OneTimeKeys: r.OneTimeKeys, FallbackKeys: r.FallbackKeys}
+	if err := s.keys.CheckNewDeviceUpload(ctx, caller, upload); err != nil {
+		return DeviceAnswer{}, err
 	}
 	name := ""
 	if r.DisplayName != nil {
@@ -104,9 +110,10 @@ func (s *Service) Put(ctx context.Context, userID string, r PutRequest) (DeviceA
 		return DeviceAnswer{}, err
 	}
 	s.changed(ch)
-	upload := keyserver.UploadRequest{DeviceKeys: r.DeviceKeys, OneTimeKeys: r.OneTimeKeys, FallbackKeys: r.FallbackKeys}
-	if _, err := s.keys.UploadKeys(ctx, keyserver.Caller{UserID: userID, DeviceID: r.DeviceID}, upload); err != nil {
-		// The new device goes again; the previous one stays.
+	if _, err := s.keys.UploadKeys(ctx, caller, upload); err != nil {
+		// The keys were checked above, so this is a failure of the store:
+		// the new device goes again. (A previous dehydrated device of the
+		// same ID was replaced by CreateDehydratedDevice and stays gone.)
 		if _, ch, derr := s.db.DeleteDevices(context.WithoutCancel(ctx), userID, []string{r.DeviceID}); derr == nil {
 			s.changed(ch)
 		}

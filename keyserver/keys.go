@@ -31,6 +31,15 @@ type keyUpload struct {
 	alg, id string
 }
 
+// parsedUpload is an upload as far as it can be checked without the
+// device's stored keys: device keys parsed and matching the caller, key
+// names well formed, one fallback key per algorithm.
+type parsedUpload struct {
+	dk              *DeviceKeys // nil when the upload has none
+	otks, fallbacks []keyUpload
+	ids             []string // the names of otks
+}
+
 // UploadKeys checks and stores a device's keys. Everything is checked
 // before anything is written, and what is written is written in one
 // transaction: a request with one bad key stores nothing. By default
@@ -39,50 +48,16 @@ type keyUpload struct {
 // signed by the device; with Options.LaxKeyValidation only the shapes are
 // checked (see docs/operator.md).
 func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (UploadResponse, error) {
-	strict := !s.opts.LaxKeyValidation
-	var dk *DeviceKeys
-	if t := bytes.TrimSpace(r.DeviceKeys); len(t) > 0 && string(t) != "null" {
-		var err error
-		if dk, err = parseDeviceKeys(r.DeviceKeys, strict); err != nil {
-			return UploadResponse{}, err
-		}
-		if dk.UserID != c.UserID {
-			return UploadResponse{}, mxerr.InvalidParam("device_keys.user_id %q is not the caller %q", dk.UserID, c.UserID)
-		}
-		if dk.DeviceID != c.DeviceID {
-			return UploadResponse{}, mxerr.InvalidParam("device_keys.device_id %q is not the caller's device %q", dk.DeviceID, c.DeviceID)
-		}
-		if strict {
-			if err := dk.VerifySelfSignature(); err != nil {
-				return UploadResponse{}, err
-			}
-		}
-	}
-	otks, err := splitKeys("one_time_keys", r.OneTimeKeys)
+	p, err := s.parseUpload(c, r)
 	if err != nil {
 		return UploadResponse{}, err
-	}
-	fallbacks, err := splitKeys("fallback_keys", r.FallbackKeys)
-	if err != nil {
-		return UploadResponse{}, err
-	}
-	seenAlg := map[string]bool{}
-	for _, f := range fallbacks {
-		if seenAlg[f.alg] {
-			return UploadResponse{}, mxerr.InvalidParam("fallback_keys may hold one key per algorithm; %s has more", f.alg)
-		}
-		seenAlg[f.alg] = true
-	}
-	ids := make([]string, 0, len(otks))
-	for _, k := range otks {
-		ids = append(ids, k.Name)
 	}
 	// Signatures are checked before the write transaction, against the
 	// device keys read just before it; the transaction then only confirms
 	// those keys are still the stored ones (retrying if a concurrent upload
 	// changed them), so the expensive part never holds the writer.
 	for attempt := 0; ; attempt++ {
-		res, err := s.uploadOnce(ctx, c, attempt, dk, otks, fallbacks, ids)
+		res, err := s.uploadOnce(ctx, c, attempt, p)
 		if errors.Is(err, errDeviceKeysMoved) && attempt < 3 {
 			continue
 		}
@@ -96,6 +71,72 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 		metrics.OneTimeKeysUploaded.Add(float64(res.Stored))
 		return UploadResponse{OneTimeKeyCounts: withSignedCurve(res.Counts)}, nil
 	}
+}
+
+// CheckNewDeviceUpload runs the checks of UploadKeys on an upload for a
+// device of the caller that has no keys stored (one about to be made),
+// reading and writing nothing: an upload it accepts, UploadKeys accepts
+// for that device once it exists, and one it refuses is refused with the
+// same error. Unlike /keys/upload, device keys are required. It lets a
+// caller refuse bad keys before it makes the device.
+func (s *Service) CheckNewDeviceUpload(ctx context.Context, c Caller, r UploadRequest) error {
+	p, err := s.parseUpload(c, r)
+	if err != nil {
+		return err
+	}
+	if p.dk == nil {
+		return mxerr.MissingParam("device_keys is required")
+	}
+	otks, fallbacks, err := s.checkSignedKeys(c, p.dk.Ed25519(), p)
+	if err != nil {
+		return err
+	}
+	// A device without stored keys: no key stored before, none counted.
+	_, err = s.planKeyWrite(storage.KeyState{}, nil, p.dk, otks, fallbacks)
+	return err
+}
+
+// parseUpload makes the checks of an upload that need no stored state.
+func (s *Service) parseUpload(c Caller, r UploadRequest) (parsedUpload, error) {
+	strict := !s.opts.LaxKeyValidation
+	var p parsedUpload
+	if t := bytes.TrimSpace(r.DeviceKeys); len(t) > 0 && string(t) != "null" {
+		dk, err := parseDeviceKeys(r.DeviceKeys, strict)
+		if err != nil {
+			return p, err
+		}
+		if dk.UserID != c.UserID {
+			return p, mxerr.InvalidParam("device_keys.user_id %q is not the caller %q", dk.UserID, c.UserID)
+		}
+		if dk.DeviceID != c.DeviceID {
+			return p, mxerr.InvalidParam("device_keys.device_id %q is not the caller's device %q", dk.DeviceID, c.DeviceID)
+		}
+		if strict {
+			if err := dk.VerifySelfSignature(); err != nil {
+				return p, err
+			}
+		}
+		p.dk = dk
+	}
+	var err error
+	if p.otks, err = splitKeys("one_time_keys", r.OneTimeKeys); err != nil {
+		return p, err
+	}
+	if p.fallbacks, err = splitKeys("fallback_keys", r.FallbackKeys); err != nil {
+		return p, err
+	}
+	seenAlg := map[string]bool{}
+	for _, f := range p.fallbacks {
+		if seenAlg[f.alg] {
+			return p, mxerr.InvalidParam("fallback_keys may hold one key per algorithm; %s has more", f.alg)
+		}
+		seenAlg[f.alg] = true
+	}
+	p.ids = make([]string, 0, len(p.otks))
+	for _, k := range p.otks {
+		p.ids = append(p.ids, k.Name)
+	}
+	return p, nil
 }
 
 // errDeviceKeysMoved says the device's keys changed between the checks
@@ -128,7 +169,7 @@ func (s *Service) storedDeviceKeys(ctx context.Context, c Caller, attempt int) (
 	return dev.KeyJSON, err
 }
 
-func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *DeviceKeys, otks, fallbacks []keyUpload, ids []string) (storage.UploadResult, error) {
+func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, p parsedUpload) (storage.UploadResult, error) {
 	storedKeys, err := s.storedDeviceKeys(ctx, c, attempt)
 	if err != nil {
 		return storage.UploadResult{}, err
@@ -144,6 +185,7 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 		}
 		return err
 	}
+	dk := p.dk
 	ed25519Key := ""
 	if storedKeys != nil {
 		var curveKey string
@@ -157,6 +199,20 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 	if dk != nil {
 		ed25519Key = dk.Ed25519()
 	}
+	checkedOTKs, checkedFallbacks, err := s.checkSignedKeys(c, ed25519Key, p)
+	if err != nil {
+		return storage.UploadResult{}, rejected(err)
+	}
+	decide := func(st storage.KeyState) (storage.KeyWrite, error) {
+		return s.planKeyWrite(st, storedKeys, dk, checkedOTKs, checkedFallbacks)
+	}
+	return s.db.UploadKeys(ctx, c.UserID, c.DeviceID, p.ids, decide)
+}
+
+// checkSignedKeys checks an upload's one-time and fallback keys: signed by
+// the device's ed25519 key ("" when it has none) when strict, their shape
+// only when lax. It returns them with the JSON to store.
+func (s *Service) checkSignedKeys(c Caller, ed25519Key string, p parsedUpload) (otks, fallbacks []checkedKey, err error) {
 	identity := newIdentityKey(ed25519Key)
 	check := func(field string, keys []keyUpload) ([]checkedKey, error) {
 		out := make([]checkedKey, 0, len(keys))
@@ -175,57 +231,60 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, dk *Dev
 		}
 		return out, nil
 	}
-	checkedOTKs, err := check("one_time_keys", otks)
-	if err != nil {
-		return storage.UploadResult{}, rejected(err)
+	if otks, err = check("one_time_keys", p.otks); err != nil {
+		return nil, nil, err
 	}
-	checkedFallbacks, err := check("fallback_keys", fallbacks)
-	if err != nil {
-		return storage.UploadResult{}, rejected(err)
+	if fallbacks, err = check("fallback_keys", p.fallbacks); err != nil {
+		return nil, nil, err
 	}
+	return otks, fallbacks, nil
+}
 
-	decide := func(st storage.KeyState) (storage.KeyWrite, error) {
-		var w storage.KeyWrite
-		if !bytes.Equal(st.DeviceKeys, storedKeys) {
-			return w, errDeviceKeysMoved
-		}
-		if dk != nil {
-			w.DeviceKeys = dk.Canonical // the store skips the write when equal
-		}
-		inRequest := map[string][]byte{}
-		total := 0
-		for _, n := range st.Counts {
-			total += n
-		}
-		for _, k := range checkedOTKs {
-			if old, ok := st.ExistingOneTimeKeys[k.Name]; ok {
-				if !bytes.Equal(old, k.json) {
-					return w, mxerr.InvalidParam("one-time key %s already exists with other content", k.Name)
-				}
-				continue // identical re-upload: already stored
-			}
-			if old, ok := inRequest[k.Name]; ok {
-				if !bytes.Equal(old, k.json) {
-					return w, mxerr.InvalidParam("one-time key %s is listed twice with other content", k.Name)
-				}
-				continue
-			}
-			inRequest[k.Name] = k.json
-			w.OneTimeKeys = append(w.OneTimeKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: k.json})
-		}
-		if total+len(w.OneTimeKeys) > s.opts.MaxOneTimeKeys {
-			return w, mxerr.InvalidParam("a device may hold at most %d unclaimed one-time keys; it has %d and the upload adds %d",
-				s.opts.MaxOneTimeKeys, total, len(w.OneTimeKeys))
-		}
-		for _, k := range checkedFallbacks {
-			if old, ok := st.Fallback[k.alg]; ok && old.KeyID == k.id && bytes.Equal(old.JSON, k.json) {
-				continue // the same key again keeps its used flag
-			}
-			w.FallbackKeys = append(w.FallbackKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: k.json})
-		}
-		return w, nil
+// planKeyWrite decides what an upload writes given the device's state in
+// the store (st), storedKeys being the device keys the checks were made
+// against: one-time keys not stored yet (an identical one is skipped, a
+// different one with the same ID refused), within the per-device cap, and
+// fallback keys that changed.
+func (s *Service) planKeyWrite(st storage.KeyState, storedKeys []byte, dk *DeviceKeys, checkedOTKs, checkedFallbacks []checkedKey) (storage.KeyWrite, error) {
+	var w storage.KeyWrite
+	if !bytes.Equal(st.DeviceKeys, storedKeys) {
+		return w, errDeviceKeysMoved
 	}
-	return s.db.UploadKeys(ctx, c.UserID, c.DeviceID, ids, decide)
+	if dk != nil {
+		w.DeviceKeys = dk.Canonical // the store skips the write when equal
+	}
+	inRequest := map[string][]byte{}
+	total := 0
+	for _, n := range st.Counts {
+		total += n
+	}
+	for _, k := range checkedOTKs {
+		if old, ok := st.ExistingOneTimeKeys[k.Name]; ok {
+			if !bytes.Equal(old, k.json) {
+				return w, mxerr.InvalidParam("one-time key %s already exists with other content", k.Name)
+			}
+			continue // identical re-upload: already stored
+		}
+		if old, ok := inRequest[k.Name]; ok {
+			if !bytes.Equal(old, k.json) {
+				return w, mxerr.InvalidParam("one-time key %s is listed twice with other content", k.Name)
+			}
+			continue
+		}
+		inRequest[k.Name] = k.json
+		w.OneTimeKeys = append(w.OneTimeKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: k.json})
+	}
+	if total+len(w.OneTimeKeys) > s.opts.MaxOneTimeKeys {
+		return w, mxerr.InvalidParam("a device may hold at most %d unclaimed one-time keys; it has %d and the upload adds %d",
+			s.opts.MaxOneTimeKeys, total, len(w.OneTimeKeys))
+	}
+	for _, k := range checkedFallbacks {
+		if old, ok := st.Fallback[k.alg]; ok && old.KeyID == k.id && bytes.Equal(old.JSON, k.json) {
+			continue // the same key again keeps its used flag
+		}
+		w.FallbackKeys = append(w.FallbackKeys, storage.Key{Algorithm: k.alg, KeyID: k.id, JSON: k.json})
+	}
+	return w, nil
 }
 
 func splitKeys(field string, raw json.RawMessage) ([]keyUpload, error) {

@@ -111,16 +111,8 @@ func (s *Store) PutBackupKeys(ctx context.Context, userID string, version int64,
 	defer named("PutBackupKeys", &err)
 	var res storage.BackupKeysResult
 	err = s.write(ctx, func(tx *txn) error {
-		res = storage.BackupKeysResult{}
-		if _, err := s.lockBackups(ctx, tx, userID); err != nil {
-			return err
-		}
-		if err := tx.QueryRowContext(ctx, `SELECT etag, key_count FROM backup_versions WHERE user_id = $1 AND version = $2`,
-			userID, version).Scan(&res.ETag, &res.Count); err != nil {
-			return notFound(err)
-		}
-		if err := tx.QueryRowContext(ctx, `SELECT MAX(version) FROM backup_versions WHERE user_id = $1`,
-			userID).Scan(&res.Current); err != nil {
+		var err error
+		if res, err = s.lockedVersion(ctx, tx, userID, version); err != nil {
 			return err
 		}
 		if res.Current != version {
@@ -164,7 +156,7 @@ func (s *Store) PutBackupKeys(ctx context.Context, userID string, version int64,
 			return nil
 		}
 		res.ETag++
-		_, err := tx.ExecContext(ctx, `UPDATE backup_versions SET etag = $1, key_count = $2 WHERE user_id = $3 AND version = $4`,
+		_, err = tx.ExecContext(ctx, `UPDATE backup_versions SET etag = $1, key_count = $2 WHERE user_id = $3 AND version = $4`,
 			res.ETag, res.Count, userID, version)
 		return err
 	})
@@ -234,16 +226,8 @@ func (s *Store) DeleteBackupKeys(ctx context.Context, userID string, version int
 	defer named("DeleteBackupKeys", &err)
 	var res storage.BackupKeysResult
 	err = s.write(ctx, func(tx *txn) error {
-		res = storage.BackupKeysResult{}
-		if _, err := s.lockBackups(ctx, tx, userID); err != nil {
-			return err
-		}
-		if err := tx.QueryRowContext(ctx, `SELECT etag, key_count FROM backup_versions WHERE user_id = $1 AND version = $2`,
-			userID, version).Scan(&res.ETag, &res.Count); err != nil {
-			return notFound(err)
-		}
-		if err := tx.QueryRowContext(ctx, `SELECT MAX(version) FROM backup_versions WHERE user_id = $1`,
-			userID).Scan(&res.Current); err != nil {
+		var err error
+		if res, err = s.lockedVersion(ctx, tx, userID, version); err != nil {
 			return err
 		}
 		where, params := backupKeysWhere(userID, version, roomID, sessionID)
@@ -286,6 +270,22 @@ func (s *Store) deleteUserBackups(ctx context.Context, tx *txn, userID string) e
 	}
 	_, err := tx.ExecContext(ctx, `DELETE FROM backup_versions WHERE user_id = $1`, userID)
 	return err
+}
+
+// lockedVersion locks the user's backups and reads a version's etag and
+// key count, and which version is the current one; storage.ErrNotFound
+// when the version does not exist.
+func (s *Store) lockedVersion(ctx context.Context, tx *txn, userID string, version int64) (storage.BackupKeysResult, error) {
+	var res storage.BackupKeysResult
+	if _, err := s.lockBackups(ctx, tx, userID); err != nil {
+		return res, err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT etag, key_count FROM backup_versions WHERE user_id = $1 AND version = $2`,
+		userID, version).Scan(&res.ETag, &res.Count); err != nil {
+		return res, notFound(err)
+	}
+	err := tx.QueryRowContext(ctx, `SELECT MAX(version) FROM backup_versions WHERE user_id = $1`, userID).Scan(&res.Current)
+	return res, err
 }
 
 // lockBackups locks the user's backups until the transaction ends and
