@@ -24,6 +24,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/todevice"
 )
 
@@ -49,6 +50,8 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// Rooms serves the room endpoints; nil: not served.
+	Rooms *roomserver.Service
 	// ToDevice serves /sendToDevice, Dehydrated the dehydrated device
 	// (MSC3814); nil: not served.
 	ToDevice   *todevice.Service
@@ -117,6 +120,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
+		a.roomRoutes(s)
 		a.toDeviceRoutes(s)
 	}
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
@@ -342,9 +346,15 @@ func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
 }
 
 func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
-	return map[string]any{"capabilities": map[string]any{
+	caps := map[string]any{
 		"m.change_password": map[string]bool{"enabled": true},
-	}}, nil
+	}
+	if a.opts.Rooms != nil {
+		caps["m.room_versions"] = map[string]any{
+			"default": string(roomserver.DefaultRoomVersion), "available": roomserver.RoomVersions(),
+		}
+	}
+	return map[string]any{"capabilities": caps}, nil
 }
 
 func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
@@ -460,7 +470,8 @@ func (a *API) sync(r *http.Request, c keyserver.Caller) (any, error) {
 		}
 		timeout = time.Duration(min(ms, int64(24*time.Hour/time.Millisecond))) * time.Millisecond
 	}
-	return a.ks.Sync(r.Context(), c, q.Get("since"), timeout)
+	return a.ks.Sync(r.Context(), c, q.Get("since"), timeout, keyserver.SyncOptions{
+		Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"})
 }
 
 func (a *API) setMembership(r *http.Request) (any, error) {

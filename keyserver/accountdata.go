@@ -3,6 +3,7 @@ package keyserver
 import (
 	"context"
 	"encoding/json"
+	"slices"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -18,11 +19,10 @@ import (
 // waiting /sync requests as any stream advance does, on every daemon
 // sharing the database; each checks whether the change is its user's.
 //
-// Room account data is stored with the same positions. Once /sync has
-// rooms, the entries of AccountDataChanges with a RoomID go under
-// rooms.join.{roomId}.account_data.events, from the same range; until
-// then a room's account data is only read back with GET and does not end
-// a waiting /sync.
+// Room account data is stored with the same positions. With rooms (see
+// syncrooms.go) the entries of AccountDataChanges with a RoomID go under
+// rooms.join.{roomId}.account_data.events, from the same range, and end
+// a waiting /sync too when the room is one the user is joined to.
 
 // AccountDataSource gives /sync a user's account data changes (the store).
 type AccountDataSource interface {
@@ -61,11 +61,36 @@ func (s *Service) accountDataSection(ctx context.Context, userID string, from, t
 	return section, nil
 }
 
-// accountDataNews reports whether the user's global account data changed
-// in (from, to]: news that ends a waiting /sync.
+// accountDataNews reports whether the user's account data changed in
+// (from, to], globally or in a joined room: news that ends a waiting /sync.
 func (s *Service) accountDataNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
-	section, err := s.accountDataSection(ctx, userID, from, to)
-	return section != nil && len(section.Events) > 0, err
+	if s.opts.AccountData == nil {
+		return false, nil
+	}
+	changes, err := s.opts.AccountData.AccountDataChanges(ctx, userID, from, to)
+	if err != nil {
+		return false, err
+	}
+	var rooms []string // the user's joined rooms, read once when needed
+	for _, d := range changes {
+		if d.RoomID == "" {
+			return true, nil
+		}
+		if s.rooms == nil {
+			continue
+		}
+		// A room's account data is news when /sync shows it: in a
+		// room the user is joined to.
+		if rooms == nil {
+			if rooms, err = s.rooms.JoinedRooms(ctx, userID); err != nil {
+				return false, err
+			}
+		}
+		if slices.Contains(rooms, d.RoomID) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // StreamAdvanced tells this daemon's waiting /sync requests of a change

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -74,6 +75,8 @@ type SyncResponse struct {
 	AccountData *AccountDataSection `json:"account_data,omitempty"`
 	// ToDevice is present when the service keeps to-device messages.
 	ToDevice *ToDeviceSection `json:"to_device,omitempty"`
+	// Rooms is present when the service has rooms (see syncrooms.go).
+	Rooms *roomserver.SyncRooms `json:"rooms,omitempty"`
 }
 
 // Sync answers /sync. Without since it returns the current state at once.
@@ -83,7 +86,11 @@ type SyncResponse struct {
 // counts change (a key was claimed). It also delivers the device's
 // to-device messages (see todevice.go), and ends the wait for them. Waiting is driven by the notifier:
 // the database is read again only when something was written.
-func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration) (SyncResponse, error) {
+func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
+	filter, err := s.syncFilter(ctx, c.UserID, o)
+	if err != nil {
+		return SyncResponse{}, err
+	}
 	var sincePos, acked storage.StreamPos
 	if since != "" {
 		var err error
@@ -140,6 +147,10 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 					lists = &ChangesResponse{Changed: ch.Changed, Left: ch.Left}
 				} else if news, err = s.accountDataNews(ctx, c.UserID, checked, cur); err != nil {
 					return SyncResponse{}, err
+				} else if !news {
+					if news, err = s.roomsNews(ctx, c.UserID, checked, cur); err != nil {
+						return SyncResponse{}, err
+					}
 				}
 				checked = cur
 			}
@@ -149,18 +160,25 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 				return SyncResponse{}, err
 			}
 		}
+		respond := func(lists *ChangesResponse) (SyncResponse, error) {
+			res, err := s.syncResponse(ctx, c, sincePos, acked, cur, lists)
+			if err == nil {
+				res.Rooms, err = s.roomsSection(ctx, c.UserID, sincePos, cur, o, filter)
+			}
+			return res, err
+		}
 		if lists != nil || news || timer == nil {
-			return s.syncResponse(ctx, c, sincePos, acked, cur, lists)
+			return respond(lists)
 		}
 		select {
 		case <-streamCh:
 			continue
 		case <-sub.User():
-			return s.syncResponse(ctx, c, sincePos, acked, cur, nil)
+			return respond(nil)
 		case <-timer:
-			return s.syncResponse(ctx, c, sincePos, acked, cur, nil)
+			return respond(nil)
 		case <-sub.Closing():
-			return s.syncResponse(ctx, c, sincePos, acked, cur, nil)
+			return respond(nil)
 		case <-ctx.Done():
 			return SyncResponse{}, ctx.Err()
 		}
@@ -212,9 +230,21 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 	if err != nil {
 		return err
 	}
-	s.streamAdvanced(res.Change)
-	if len(res.NewlyStale) > 0 && s.updater != nil {
+	s.membershipChanged(res.Change, res.NewlyStale)
+	return nil
+}
+
+// RoomWritten follows a committed write of room events (package
+// roomserver): membership events in it changed who shares a room with
+// whom in the same transaction. The waiting /sync requests of the local
+// users concerned wake, and newly tracked remote lists are fetched.
+func (s *Service) RoomWritten(res storage.RoomWriteResult) {
+	s.membershipChanged(res.Change, res.NewlyStale)
+}
+
+func (s *Service) membershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {
+	s.streamAdvanced(ch)
+	if len(newlyStale) > 0 && s.updater != nil {
 		s.updater.Wake()
 	}
-	return nil
 }

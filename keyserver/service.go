@@ -79,6 +79,7 @@ type Service struct {
 	log       logrus.FieldLogger
 	now       func() time.Time
 	passwords *passwordPool
+	rooms     RoomsSource // nil: /sync has no rooms part
 	// dummyHash is compared against when a login names an unknown user, so
 	// that answering takes as long as for a wrong password.
 	dummyHash []byte

@@ -56,7 +56,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		wait := func(user string) <-chan answer {
 			ch := make(chan answer, 1)
 			go func() {
-				res, err := s.Sync(waitCtx, Caller{UserID: user, DeviceID: "X"}, streamToken(since), time.Minute)
+				res, err := s.Sync(waitCtx, Caller{UserID: user, DeviceID: "X"}, streamToken(since), time.Minute, SyncOptions{})
 				ch <- answer{res, err}
 			}()
 			return ch

@@ -453,6 +453,8 @@ type Database interface {
 const (
 	MembershipJoin  = "join"
 	MembershipLeave = "leave"
+	// MembershipInvite shares the room like a join for device lists.
+	MembershipInvite = "invite"
 )
 
 // ToDeviceMessage is a to-device message waiting in a local device's

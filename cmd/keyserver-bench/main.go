@@ -6,7 +6,8 @@
 // and one-time keys. Then each phase runs for a fixed time with concurrent
 // clients: query (keys of random users), claim (one key of a random
 // device), upload (fresh one-time keys to a random device with room for
-// them, as a client that reads its key count would) and mixed (80/10/10).
+// them, as a client that reads its key count would) and mixed (80/10/10);
+// on request, the room phases room-create, room-join and room-send.
 // It checks
 // what it measures: no claimed key may be handed out twice, and a sample of
 // queried device keys must carry valid signatures. Claims that find no
@@ -82,7 +83,8 @@ func main() {
 	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
 	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order: query, claim, upload, mixed, "+
-		"and sync (thousands of waiting /sync requests and one device change; needs -admin-token)")
+		"room-create, room-join, room-send, and sync (thousands of waiting /sync requests and one device change; "+
+		"needs -admin-token)")
 	flag.IntVar(&o.presign, "presign", 60, "upload-phase bodies signed per device before the phases start, so that "+
 		"the tool's CPU during a phase goes to sending requests; more are signed as they are sent")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
@@ -173,7 +175,8 @@ type bench struct {
 	verified  atomic.Int64
 	badSigs   atomic.Int64
 
-	cpu cpuMeter
+	cpu  cpuMeter
+	pool *roomPool // the rooms of the room phases (see rooms.go)
 }
 
 func run(ctx context.Context, o options, out io.Writer) error {
@@ -187,6 +190,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "set-up: %d users, %d devices, %d one-time keys each, in %s\n",
 		o.users, len(b.devices), o.otks, time.Since(start).Round(time.Millisecond))
+	if usesRooms(o.phases) {
+		if err := b.setupRooms(ctx); err != nil {
+			return err
+		}
+	}
 	var results []phaseResult
 	var syncRes *syncResult
 	stocked := false
@@ -459,7 +467,8 @@ type client struct {
 type op func(ctx context.Context, c *client) error
 
 func (b *bench) ops() map[string]op {
-	m := map[string]op{"query": b.query, "claim": b.claim, "upload": b.uploadKeys}
+	m := map[string]op{"query": b.query, "claim": b.claim, "upload": b.uploadKeys,
+		"room-create": b.roomCreate, "room-join": b.roomJoin, "room-send": b.roomSend}
 	m["mixed"] = func(ctx context.Context, c *client) error {
 		switch n := c.rng.IntN(10); {
 		case n < 8:

@@ -31,7 +31,7 @@ func TestBenchAgainstServer(t *testing.T) {
 	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
 	var out bytes.Buffer
 	o := options{urls: []string{srv.URL}, users: 4, devices: 2, otks: 5, clients: 2, queryUsers: 3, upload: 2,
-		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed", seed: 1,
+		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed,room-create,room-join,room-send", seed: 1,
 		presign:    3,                  // few enough that uploads also sign keys as they go
 		claimStock: 400,                // more than the claims of the phase: none comes back empty
 		pids:       []int{os.Getpid()}} // the server runs in this process
@@ -39,7 +39,8 @@ func TestBenchAgainstServer(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	t.Log(out.String())
-	for _, want := range []string{"set-up: 4 users, 8 devices", "query", "claim", "upload", "mixed", "keys handed out twice: 0",
+	for _, want := range []string{"set-up: 4 users, 8 devices", "query", "claim", "upload", "mixed",
+		"room-create", "room-join", "room-send", "keys handed out twice: 0",
 		"claim stock: every device topped up to 400", "claims that found no key (not in requests or req/s): 0\n",
 		"daemon CPU µs/req (1)"} {
 		if !strings.Contains(out.String(), want) {

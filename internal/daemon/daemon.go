@@ -33,6 +33,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/todevice"
@@ -258,6 +259,9 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.fed = fedclient.New(fo)
 	ko.Federation = d.fed
 	d.ks = keyserver.New(store, ko)
+	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
+		Sink: d.ks, Logger: log})
+	d.ks.SetRooms(rooms)
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
@@ -270,6 +274,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
+			Rooms:           rooms,
 			ToDevice:        toDevice,
 			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
 		}),

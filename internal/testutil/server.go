@@ -25,6 +25,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/todevice"
 )
@@ -86,6 +87,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
+	_, signingKey, _ := ed25519.GenerateKey(rand.Reader)
 	ks := keyserver.New(store, keyserver.Options{
 		ServerName:        o.ServerName,
 		RegistrationOpen:  !o.RegistrationClosed,
@@ -99,13 +101,16 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		AccountData:       store,
 		ToDevice:          store,
 	})
+	rooms := roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
+		Sink: ks, Logger: log, Now: o.Now})
+	ks.SetRooms(rooms)
 	toDevice := todevice.New(store, todevice.Options{ServerName: o.ServerName, Logger: log, Now: o.Now,
 		RateLimit: o.ToDevice.limiter(o.Now), Changed: ks.StreamAdvanced})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
-		ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
+		Rooms: rooms, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

@@ -136,8 +136,8 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 	})
 }
 
-// JoinedRooms lists the rooms a user is joined to.
+// JoinedRooms lists the rooms a user is joined to or invited into.
 func (s *Store) JoinedRooms(ctx context.Context, userID string) (_ []string, err error) {
 	defer named("JoinedRooms", &err)
-	return s.userList(ctx, `SELECT room_id FROM memberships WHERE user_id = $1 AND membership = $2`, userID, storage.MembershipJoin)
+	return s.userList(ctx, `SELECT room_id FROM memberships WHERE user_id = $1 AND membership IN ('join', 'invite')`, userID)
 }

@@ -388,6 +388,113 @@ CREATE TABLE dehydrated_devices (
 	device_data {{TEXT}} NOT NULL
 );
 `},
+	{14, "rooms: events with their room version, state snapshots, current state, aliases, transaction IDs", `
+-- a room this server takes part in. room_version decides the format of its
+-- events and its auth rules; state_snapshot is the room's current state
+-- (the state after its forward extremities); depth the greatest depth of
+-- its events
+CREATE TABLE rooms (
+	room_id        {{TEXT}} PRIMARY KEY,
+	room_version   {{TEXT}} NOT NULL,
+	creator        {{TEXT}} NOT NULL,
+	published      INTEGER NOT NULL DEFAULT 0,
+	depth          {{BIGINT}} NOT NULL,
+	state_snapshot {{BIGINT}} NOT NULL,
+	created_ts     {{BIGINT}} NOT NULL
+);
+
+-- every event stored, as the PDU (federation format) it is, with its room
+-- version beside it. state_before is the snapshot of the room's state
+-- before the event, pos its place in the /sync stream; both are NULL for
+-- an outlier (an event stored without knowing the state before it: auth
+-- chains and state from other servers, invites to rooms we are not in).
+-- A rejected event is kept so it is not fetched again, never served to
+-- clients, never a prev event and never state.
+CREATE TABLE room_events (
+	event_nid    {{ID}},
+	event_id     {{TEXT}} NOT NULL UNIQUE,
+	room_id      {{TEXT}} NOT NULL,
+	event_type   {{TEXT}} NOT NULL,
+	state_key    {{TEXT}},
+	sender       {{TEXT}} NOT NULL,
+	depth        {{BIGINT}} NOT NULL,
+	room_version {{TEXT}} NOT NULL,
+	event_json   {{TEXT}} NOT NULL,
+	outlier      INTEGER NOT NULL DEFAULT 0,
+	rejected     INTEGER NOT NULL DEFAULT 0,
+	soft_failed  INTEGER NOT NULL DEFAULT 0,
+	state_before {{BIGINT}},
+	pos          {{BIGINT}}
+);
+CREATE INDEX room_events_timeline ON room_events (room_id, pos);
+CREATE INDEX room_events_pos ON room_events (pos);
+
+-- the events no other event of the room points at yet: the prev_events of
+-- the room's next event
+CREATE TABLE room_extremities (
+	room_id  {{TEXT}} NOT NULL,
+	event_id {{TEXT}} NOT NULL,
+	PRIMARY KEY (room_id, event_id)
+);
+
+-- a state snapshot is a full map (type, state_key) -> event; snapshots are
+-- shared by every event with the same state before it (a message does not
+-- make a new one)
+CREATE TABLE room_state_snapshots (
+	snapshot_nid {{ID}},
+	room_id      {{TEXT}} NOT NULL
+);
+CREATE TABLE room_state_entries (
+	snapshot_nid {{BIGINT}} NOT NULL,
+	event_type   {{TEXT}} NOT NULL,
+	state_key    {{TEXT}} NOT NULL,
+	event_nid    {{BIGINT}} NOT NULL,
+	PRIMARY KEY (snapshot_nid, event_type, state_key)
+);
+
+-- the room's current state again, by key, for the queries of members and
+-- of a user's rooms; membership is the content's for m.room.member
+CREATE TABLE room_current_state (
+	room_id    {{TEXT}} NOT NULL,
+	event_type {{TEXT}} NOT NULL,
+	state_key  {{TEXT}} NOT NULL,
+	event_nid  {{BIGINT}} NOT NULL,
+	membership {{TEXT}},
+	pos        {{BIGINT}} NOT NULL,
+	PRIMARY KEY (room_id, event_type, state_key)
+);
+CREATE INDEX room_current_state_member ON room_current_state (state_key, membership);
+
+CREATE TABLE room_aliases (
+	alias   {{TEXT}} PRIMARY KEY,
+	room_id {{TEXT}} NOT NULL,
+	creator {{TEXT}} NOT NULL
+);
+
+-- client transaction IDs: the event a device's request on a path made
+CREATE TABLE room_txns (
+	user_id    {{TEXT}} NOT NULL,
+	device_id  {{TEXT}} NOT NULL,
+	txn_path   {{TEXT}} NOT NULL,
+	event_id   {{TEXT}} NOT NULL,
+	created_ts {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, device_id, txn_path)
+);
+
+CREATE TABLE room_forgotten (
+	user_id {{TEXT}} NOT NULL,
+	room_id {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, room_id)
+);
+
+-- /sync filters, numbered per user
+CREATE TABLE sync_filters (
+	user_id     {{TEXT}} NOT NULL,
+	filter_id   {{BIGINT}} NOT NULL,
+	filter_json {{TEXT}} NOT NULL,
+	PRIMARY KEY (user_id, filter_id)
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

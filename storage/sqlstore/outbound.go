@@ -130,7 +130,7 @@ func (s *Store) chainStart(ctx context.Context, destination, userID string, befo
 const sharingSinceQuery = `
 	SELECT MIN(CASE WHEN mine.pos > theirs.pos THEN mine.pos ELSE theirs.pos END)
 	FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-	WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join'
+	WHERE mine.user_id = $1 AND mine.membership IN ('join', 'invite') AND theirs.membership IN ('join', 'invite')
 	AND theirs.user_id LIKE $2 ESCAPE '\'`
 
 // likeServer matches the user IDs of a server with LIKE ... ESCAPE '\'.

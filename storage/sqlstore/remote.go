@@ -154,7 +154,7 @@ func (s *Store) RemoteDeviceLists(ctx context.Context, userIDs []string) (_ map[
 
 	rows, err = s.q.QueryContext(ctx, `
 		SELECT DISTINCT theirs.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
-		WHERE ours.user_id LIKE $1 AND ours.membership = 'join' AND theirs.membership = 'join'
+		WHERE ours.user_id LIKE $1 AND ours.membership IN ('join', 'invite') AND theirs.membership IN ('join', 'invite')
 		AND theirs.user_id IN (`+placeholders(2, len(userIDs))+`)`,
 		args([]any{s.localPattern()}, userIDs)...)
 	if err != nil {

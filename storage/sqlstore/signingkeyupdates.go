@@ -21,7 +21,7 @@ import (
 func (s *Store) queueSigningKeyUpdate(ctx context.Context, tx *txn, userID string, pos storage.StreamPos) error {
 	mates, err := s.txUserList(ctx, tx, `
 		SELECT DISTINCT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join'`, userID)
+		WHERE mine.user_id = $1 AND mine.membership IN ('join', 'invite') AND theirs.membership IN ('join', 'invite')`, userID)
 	if err != nil {
 		return err
 	}

@@ -432,7 +432,7 @@ func (s *Store) concernRoomMates(ctx context.Context, tx *txn, userID string) er
 	}
 	mates, err := s.txUserList(ctx, tx, `
 		SELECT DISTINCT ours.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
-		WHERE theirs.user_id = $1 AND theirs.membership = 'join' AND ours.membership = 'join' AND ours.user_id LIKE $2`,
+		WHERE theirs.user_id = $1 AND theirs.membership IN ('join', 'invite') AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2`,
 		userID, s.localPattern())
 	if err != nil {
 		return err
@@ -467,7 +467,7 @@ func (s *Store) recordLocalChange(ctx context.Context, tx *txn, userID, deviceID
 	// the servers of the others are sent the change.
 	rows, err := tx.QueryContext(ctx, `
 		SELECT DISTINCT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join'`,
+		WHERE mine.user_id = $1 AND mine.membership IN ('join', 'invite') AND theirs.membership IN ('join', 'invite')`,
 		userID)
 	if err != nil {
 		return 0, err

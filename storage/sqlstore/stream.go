@@ -19,18 +19,25 @@ func (s *Store) CurrentPos(ctx context.Context) (_ storage.StreamPos, err error)
 	return pos, err
 }
 
+// Users share a room when each is joined to it or invited into it: an
+// invited user's devices are tracked as Synapse does, so that the
+// invitee can read the messages sent to the room from the start. Every
+// query here and in the other files of the device-list side writes this
+// as membership IN ('join', 'invite').
+
 // sharesRoom is true when user $1 and the user in column col are both
-// joined to some room.
+// joined to (or invited into) some room.
 const sharesRoom = `EXISTS (
 	SELECT 1 FROM memberships shared_mine JOIN memberships shared_theirs ON shared_theirs.room_id = shared_mine.room_id
-	WHERE shared_mine.user_id = $1 AND shared_mine.membership = 'join'
-	AND shared_theirs.user_id = %s AND shared_theirs.membership = 'join')`
+	WHERE shared_mine.user_id = $1 AND shared_mine.membership IN ('join', 'invite')
+	AND shared_theirs.user_id = %s AND shared_theirs.membership IN ('join', 'invite'))`
 
 // The users whose device lists user $1 must re-fetch after position $2, up
 // to $3: users sharing a room with $1 (or $1 itself) with a device change
 // or a cross-signing change in the range (one for the owner only counts for
-// $1 alone), and users with whom $1 began to share a room in the range
-// (either joined a room the other is in).
+// $1 alone), and users with whom $1 began to share a room in the range:
+// another user who joined (or was invited to) a room $1 is in, and every
+// member of a room $1 itself joined or was invited to, $1 included.
 var changedQuery = `
 SELECT c.user_id FROM device_list_changes c
 WHERE (c.user_id = $1 OR ` + fmt.Sprintf(sharesRoom, "c.user_id") + `) AND c.pos > $2 AND c.pos <= $3
@@ -39,8 +46,8 @@ SELECT x.user_id FROM cross_signing_changes x
 WHERE (x.user_id = $1 OR (NOT x.owner_only AND ` + fmt.Sprintf(sharesRoom, "x.user_id") + `)) AND x.pos > $2 AND x.pos <= $3
 UNION
 SELECT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join' AND theirs.user_id <> $1
-AND ((theirs.pos > $2 AND theirs.pos <= $3) OR (mine.pos > $2 AND mine.pos <= $3))`
+WHERE mine.user_id = $1 AND mine.membership IN ('join', 'invite') AND theirs.membership IN ('join', 'invite')
+AND ((theirs.user_id <> $1 AND theirs.pos > $2 AND theirs.pos <= $3) OR (mine.pos > $2 AND mine.pos <= $3))`
 
 // The users $1 stopped sharing every room with in the range: those who left
 // a room $1 is or was in, and the members of rooms $1 left, that now share
@@ -49,7 +56,7 @@ var leftQuery = `
 SELECT DISTINCT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
 WHERE mine.user_id = $1 AND theirs.user_id <> $1
 AND ((theirs.membership = 'leave' AND theirs.pos > $2 AND theirs.pos <= $3)
-  OR (mine.membership = 'leave' AND mine.pos > $2 AND mine.pos <= $3 AND theirs.membership = 'join'))
+  OR (mine.membership = 'leave' AND mine.pos > $2 AND mine.pos <= $3 AND theirs.membership IN ('join', 'invite')))
 AND NOT ` + fmt.Sprintf(sharesRoom, "theirs.user_id")
 
 // DeviceListChanges answers /keys/changes and /sync's device_lists for
@@ -98,79 +105,92 @@ func (s *Store) userList(ctx context.Context, query string, params ...any) ([]st
 func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (_ storage.MembershipResult, err error) {
 	defer named("SetMembership", &err)
 	var res storage.MembershipResult
-	local := strings.HasSuffix(userID, ":"+s.serverName)
 	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.MembershipResult{}
-		var old string
-		err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
-			roomID, userID).Scan(&old)
-		if err != nil && err != sql.ErrNoRows {
-			return err
-		}
-		if old == membership {
-			return nil
-		}
-		if res.Pos, err = s.nextPos(ctx, tx); err != nil {
-			return err
-		}
-		if _, err = tx.ExecContext(ctx, `
-			INSERT INTO memberships (room_id, user_id, membership, pos) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`,
-			roomID, userID, membership, res.Pos); err != nil {
-			return err
-		}
-		// The change concerns the user and the room's local members, past
-		// ones included: a join brings changes, a leave enters "left".
-		members, err := s.txUserList(ctx, tx, `SELECT user_id FROM memberships WHERE room_id = $1 AND user_id LIKE $2`,
-			roomID, s.localPattern())
-		if err != nil {
-			return err
-		}
-		tx.concern(members...)
-		if local {
-			tx.concern(userID)
-		}
-		// The remote users whose tracking this may change: the room's remote
-		// members when a local user moved, else the user who moved.
-		candidates := []string{userID}
-		if local {
-			if candidates, err = s.txUserList(ctx, tx, `SELECT user_id FROM memberships
-				WHERE room_id = $1 AND membership = 'join' AND user_id NOT LIKE $2`, roomID, s.localPattern()); err != nil {
-				return err
-			}
-		}
-		for _, u := range candidates {
-			shares, err := s.txSharesRoomWithLocal(ctx, tx, u)
-			if err != nil {
-				return err
-			}
-			if membership == storage.MembershipJoin && shares {
-				var tracked int
-				if err := tx.QueryRowContext(ctx, `SELECT
-					(SELECT COUNT(*) FROM remote_device_lists WHERE user_id = $1) + (SELECT COUNT(*) FROM stale_device_lists WHERE user_id = $1)`,
-					u).Scan(&tracked); err != nil {
-					return err
-				}
-				if tracked == 0 {
-					server := u[strings.IndexByte(u, ':')+1:]
-					if err := markStale(ctx, tx, u, server, now); err != nil {
-						return err
-					}
-					res.NewlyStale = append(res.NewlyStale, storage.StaleUser{UserID: u, ServerName: server})
-				}
-			}
-			if membership == storage.MembershipLeave && !shares {
-				for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
-					if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id = $1`, u); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		return nil
+		stale, err := s.txSetMembership(ctx, tx, roomID, userID, membership, now)
+		res.NewlyStale = stale
+		return err
 	})
 	res.Change = ch
 	return res, err
+}
+
+// txSetMembership is SetMembership inside a transaction of its caller
+// (an admin write, or the write of a room's membership event), returning
+// the remote users it started tracking. membership is join, invite
+// (which shares the room like a join, as Synapse counts it) or leave.
+func (s *Store) txSetMembership(ctx context.Context, tx *txn, roomID, userID, membership string, now int64) ([]storage.StaleUser, error) {
+	local := strings.HasSuffix(userID, ":"+s.serverName)
+	var newlyStale []storage.StaleUser
+	var old string
+	err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
+		roomID, userID).Scan(&old)
+	if err != nil && err != sql.ErrNoRows {
+		return nil, err
+	}
+	if old == membership {
+		return nil, nil
+	}
+	pos, err := s.nextPos(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err = tx.ExecContext(ctx, `
+		INSERT INTO memberships (room_id, user_id, membership, pos) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`,
+		roomID, userID, membership, pos); err != nil {
+		return nil, err
+	}
+	// The change concerns the user and the room's local members, past
+	// ones included: a join brings changes, a leave enters "left".
+	members, err := s.txUserList(ctx, tx, `SELECT user_id FROM memberships WHERE room_id = $1 AND user_id LIKE $2`,
+		roomID, s.localPattern())
+	if err != nil {
+		return nil, err
+	}
+	tx.concern(members...)
+	if local {
+		tx.concern(userID)
+	}
+	// The remote users whose tracking this may change: the room's remote
+	// members when a local user moved, else the user who moved.
+	candidates := []string{userID}
+	if local {
+		if candidates, err = s.txUserList(ctx, tx, `SELECT user_id FROM memberships
+			WHERE room_id = $1 AND membership IN ('join', 'invite') AND user_id NOT LIKE $2`, roomID, s.localPattern()); err != nil {
+			return nil, err
+		}
+	}
+	sharing := membership != storage.MembershipLeave
+	for _, u := range candidates {
+		shares, err := s.txSharesRoomWithLocal(ctx, tx, u)
+		if err != nil {
+			return nil, err
+		}
+		if sharing && shares {
+			var tracked int
+			if err := tx.QueryRowContext(ctx, `SELECT
+				(SELECT COUNT(*) FROM remote_device_lists WHERE user_id = $1) + (SELECT COUNT(*) FROM stale_device_lists WHERE user_id = $1)`,
+				u).Scan(&tracked); err != nil {
+				return nil, err
+			}
+			if tracked == 0 {
+				server := u[strings.IndexByte(u, ':')+1:]
+				if err := markStale(ctx, tx, u, server, now); err != nil {
+					return nil, err
+				}
+				newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: server})
+			}
+		}
+		if !sharing && !shares {
+			for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id = $1`, u); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return newlyStale, nil
 }
 
 func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *txn, userID string) (bool, error) {
@@ -183,7 +203,7 @@ func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *txn, userID strin
 // matching the local pattern $2.
 const sharesRoomWithLocalQuery = `
 	SELECT COUNT(*) FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
-	WHERE theirs.user_id = $1 AND theirs.membership = 'join' AND ours.membership = 'join' AND ours.user_id LIKE $2`
+	WHERE theirs.user_id = $1 AND theirs.membership IN ('join', 'invite') AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2`
 
 func (s *Store) txUserList(ctx context.Context, tx *txn, query string, params ...any) ([]string, error) {
 	rows, err := tx.QueryContext(ctx, query, params...)

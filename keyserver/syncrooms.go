@@ -1,0 +1,61 @@
+package keyserver
+
+import (
+	"context"
+
+	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// The rooms part of /sync comes from package roomserver, whose events
+// take their positions from the same stream as device lists and account
+// data: one "s<pos>" token covers all of them.
+
+// RoomsSource gives /sync its rooms part (roomserver.Service).
+type RoomsSource interface {
+	Sync(ctx context.Context, req roomserver.SyncRequest) (*roomserver.SyncRooms, error)
+	News(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error)
+	ResolveFilter(ctx context.Context, userID, param string) (roomserver.Filter, error)
+	JoinedRooms(ctx context.Context, userID string) ([]string, error)
+}
+
+// SyncOptions are the parameters of /sync beyond since and timeout.
+type SyncOptions struct {
+	Filter    string // a filter ID, or inline JSON
+	FullState bool
+}
+
+// SetRooms gives /sync its rooms part. Rooms are made after the service
+// (they report membership to it), so this comes before serving starts.
+func (s *Service) SetRooms(r RoomsSource) { s.rooms = r }
+
+// syncFilter resolves /sync's filter parameter (none without rooms).
+func (s *Service) syncFilter(ctx context.Context, userID string, o SyncOptions) (roomserver.Filter, error) {
+	if s.rooms == nil {
+		return roomserver.Filter{}, nil
+	}
+	return s.rooms.ResolveFilter(ctx, userID, o.Filter)
+}
+
+// roomsNews reports whether an event of the user's rooms came in (from, to].
+func (s *Service) roomsNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
+	if s.rooms == nil {
+		return false, nil
+	}
+	return s.rooms.News(ctx, userID, from, to)
+}
+
+// roomsSection builds the rooms part for (from, to] (nil without rooms).
+func (s *Service) roomsSection(ctx context.Context, userID string, from, to storage.StreamPos, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
+	if s.rooms == nil {
+		return nil, nil
+	}
+	req := roomserver.SyncRequest{UserID: userID, From: from, To: to, FullState: o.FullState, Filter: f, Token: streamToken}
+	if s.opts.AccountData != nil {
+		var err error
+		if req.AccountData, err = s.opts.AccountData.AccountDataChanges(ctx, userID, from, to); err != nil {
+			return nil, err
+		}
+	}
+	return s.rooms.Sync(ctx, req)
+}

@@ -1,0 +1,233 @@
+package roomserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"strings"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// CreateRoomRequest is the body of POST /createRoom.
+type CreateRoomRequest struct {
+	Visibility                string                     `json:"visibility"`
+	RoomAliasName             string                     `json:"room_alias_name"`
+	Name                      *string                    `json:"name"`
+	Topic                     *string                    `json:"topic"`
+	Invite                    []string                   `json:"invite"`
+	RoomVersion               string                     `json:"room_version"`
+	CreationContent           map[string]json.RawMessage `json:"creation_content"`
+	InitialState              []StateEvent               `json:"initial_state"`
+	Preset                    string                     `json:"preset"`
+	IsDirect                  bool                       `json:"is_direct"`
+	PowerLevelContentOverride map[string]json.RawMessage `json:"power_level_content_override"`
+}
+
+// StateEvent is an entry of initial_state.
+type StateEvent struct {
+	Type     string          `json:"type"`
+	StateKey string          `json:"state_key"`
+	Content  json.RawMessage `json:"content"`
+}
+
+// presets are the join rule, history visibility and guest access of each
+// preset.
+var presets = map[string][3]string{
+	"private_chat":         {"invite", "shared", "can_join"},
+	"trusted_private_chat": {"invite", "shared", "can_join"},
+	"public_chat":          {"public", "shared", "forbidden"},
+}
+
+const idChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+func randomString(n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		k, _ := rand.Int(rand.Reader, big.NewInt(int64(len(idChars))))
+		b[i] = idChars[k.Int64()]
+	}
+	return string(b)
+}
+
+func ptr(s string) *string { return &s }
+
+// CreateRoom creates a room with its initial events, in the order the
+// spec gives, each authorised against the state before it, and writes
+// them in one transaction. It returns the room ID.
+func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoomRequest) (string, error) {
+	version := DefaultRoomVersion
+	if req.RoomVersion != "" {
+		version = gomatrixserverlib.RoomVersion(req.RoomVersion)
+	}
+	if _, ok := RoomVersions()[string(version)]; !ok {
+		return "", mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", req.RoomVersion)
+	}
+	impl := gomatrixserverlib.MustGetRoomVersion(version)
+	preset := req.Preset
+	switch {
+	case preset == "" && req.Visibility == "public":
+		preset = "public_chat"
+	case preset == "":
+		preset = "private_chat"
+	}
+	rules, ok := presets[preset]
+	if !ok {
+		return "", mxerr.BadJSON("unknown preset %q", req.Preset)
+	}
+	if req.Visibility != "" && req.Visibility != "public" && req.Visibility != "private" {
+		return "", mxerr.BadJSON("visibility must be public or private")
+	}
+	for _, u := range req.Invite {
+		if _, err := spec.NewUserID(u, true); err != nil {
+			return "", mxerr.BadJSON("%q is not a valid user ID", u)
+		}
+		if !s.isLocalUser(u) {
+			return "", mxerr.Forbidden("inviting users of other servers is not supported yet")
+		}
+	}
+	for _, st := range req.InitialState {
+		if st.Type == "" || !isObject(st.Content) {
+			return "", mxerr.BadJSON("each initial_state entry needs a type and a content object")
+		}
+	}
+	var alias string
+	if req.RoomAliasName != "" {
+		if strings.ContainsAny(req.RoomAliasName, ":# \t\n") {
+			return "", mxerr.InvalidParam("room_alias_name must be the alias' localpart")
+		}
+		alias = "#" + req.RoomAliasName + ":" + s.opts.ServerName
+		if _, err := s.db.RoomAlias(ctx, alias); err == nil {
+			return "", mxerr.New(400, "M_ROOM_IN_USE", "the alias %s is taken", alias)
+		}
+	}
+
+	roomID := "!" + randomString(18) + ":" + s.opts.ServerName
+	c := s.newChain(impl, roomID, nil, nil, 0)
+
+	create := map[string]any{}
+	for k, v := range req.CreationContent {
+		create[k] = v
+	}
+	create["room_version"] = string(version)
+	if version == gomatrixserverlib.RoomVersionV11 {
+		delete(create, "creator")
+	} else {
+		create["creator"] = creator
+	}
+	pl := map[string]any{
+		"users":          map[string]int64{creator: 100},
+		"users_default":  0,
+		"events_default": 0,
+		"state_default":  50,
+		"ban":            50,
+		"kick":           50,
+		"redact":         50,
+		"invite":         0,
+		"events": map[string]int64{
+			"m.room.name": 50, "m.room.avatar": 50, "m.room.canonical_alias": 50,
+			"m.room.power_levels": 100, "m.room.history_visibility": 100, "m.room.tombstone": 100,
+			"m.room.server_acl": 100, "m.room.encryption": 100,
+		},
+		"notifications": map[string]int64{"room": 50},
+	}
+	if preset == "trusted_private_chat" {
+		users := pl["users"].(map[string]int64)
+		for _, u := range req.Invite {
+			users[u] = 100
+		}
+	}
+	for k, v := range req.PowerLevelContentOverride {
+		pl[k] = v
+	}
+	steps := []struct {
+		evType, stateKey string
+		content          any
+	}{
+		{spec.MRoomCreate, "", create},
+		{spec.MRoomMember, creator, map[string]any{"membership": spec.Join}},
+		{spec.MRoomPowerLevels, "", pl},
+	}
+	if alias != "" {
+		steps = append(steps, struct {
+			evType, stateKey string
+			content          any
+		}{"m.room.canonical_alias", "", map[string]any{"alias": alias}})
+	}
+	steps = append(steps, []struct {
+		evType, stateKey string
+		content          any
+	}{
+		{spec.MRoomJoinRules, "", map[string]any{"join_rule": rules[0]}},
+		{spec.MRoomHistoryVisibility, "", map[string]any{"history_visibility": rules[1]}},
+		{"m.room.guest_access", "", map[string]any{"guest_access": rules[2]}},
+	}...)
+	for _, st := range req.InitialState {
+		// name and topic win over the same types in initial_state.
+		if (st.Type == "m.room.name" && req.Name != nil) || (st.Type == "m.room.topic" && req.Topic != nil) {
+			continue
+		}
+		steps = append(steps, struct {
+			evType, stateKey string
+			content          any
+		}{st.Type, st.StateKey, st.Content})
+	}
+	if req.Name != nil {
+		steps = append(steps, struct {
+			evType, stateKey string
+			content          any
+		}{"m.room.name", "", map[string]any{"name": *req.Name}})
+	}
+	if req.Topic != nil {
+		steps = append(steps, struct {
+			evType, stateKey string
+			content          any
+		}{"m.room.topic", "", map[string]any{"topic": *req.Topic}})
+	}
+	for _, u := range req.Invite {
+		content := map[string]any{"membership": spec.Invite}
+		if req.IsDirect {
+			content["is_direct"] = true
+		}
+		steps = append(steps, struct {
+			evType, stateKey string
+			content          any
+		}{spec.MRoomMember, u, content})
+	}
+	for _, st := range steps {
+		if _, err := c.add(creator, st.evType, ptr(st.stateKey), st.content); err != nil {
+			var mx *mxerr.Error
+			if errors.As(err, &mx) && mx.Code == "M_FORBIDDEN" {
+				return "", mxerr.New(400, "M_INVALID_ROOM_STATE", "the initial state is not allowed: %s", mx.Message)
+			}
+			return "", err
+		}
+	}
+	res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{
+		Create: &storage.Room{RoomID: roomID, RoomVersion: string(version), Creator: creator, Published: req.Visibility == "public"},
+		RoomID: roomID, Events: c.records, Alias: alias, Now: s.opts.Now().UnixMilli(),
+	})
+	if errors.Is(err, storage.ErrExists) {
+		return "", mxerr.New(400, "M_ROOM_IN_USE", "the alias %s is taken", alias)
+	}
+	if err != nil {
+		return "", err
+	}
+	s.written(res)
+	return roomID, nil
+}
+
+func isObject(raw json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal(raw, &m) == nil && m != nil
+}
+
+func (s *Service) isLocalUser(userID string) bool {
+	return strings.HasSuffix(userID, ":"+s.opts.ServerName)
+}

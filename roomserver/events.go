@@ -1,0 +1,210 @@
+package roomserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// ClientEvent is an event as the client API shows it.
+type ClientEvent struct {
+	Content        json.RawMessage `json:"content"`
+	EventID        string          `json:"event_id"`
+	OriginServerTS int64           `json:"origin_server_ts"`
+	RoomID         string          `json:"room_id"`
+	Sender         string          `json:"sender"`
+	StateKey       *string         `json:"state_key,omitempty"`
+	Type           string          `json:"type"`
+	Redacts        string          `json:"redacts,omitempty"`
+	Unsigned       json.RawMessage `json:"unsigned,omitempty"`
+}
+
+// clientEvent formats a PDU for clients.
+func clientEvent(ev gomatrixserverlib.PDU) ClientEvent {
+	ce := ClientEvent{
+		Content: json.RawMessage(ev.Content()), EventID: ev.EventID(), OriginServerTS: int64(ev.OriginServerTS()),
+		RoomID: ev.RoomID().String(), Sender: string(ev.SenderID()), StateKey: ev.StateKey(), Type: ev.Type(), Redacts: ev.Redacts(),
+	}
+	if u := ev.Unsigned(); len(u) > 0 && string(u) != "{}" {
+		ce.Unsigned = u
+	}
+	return ce
+}
+
+func clientEvents(evs []storage.RoomEvent) ([]ClientEvent, error) {
+	out := make([]ClientEvent, 0, len(evs))
+	for _, ev := range evs {
+		p, err := pdu(ev)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, clientEvent(p))
+	}
+	return out, nil
+}
+
+// Send sends a message event (PUT /rooms/{roomId}/send/...): a retried
+// request of the same device on the same path gets the same event ID.
+func (s *Service) Send(ctx context.Context, sender, deviceID, roomID, evType, txnID string, content json.RawMessage) (string, error) {
+	if !isObject(content) {
+		return "", mxerr.BadJSON("the content must be a JSON object")
+	}
+	if evType == "" {
+		return "", mxerr.BadJSON("the event type is empty")
+	}
+	if evType == spec.MRoomRedaction {
+		// Redactions need the event they redact checked: to come.
+		return "", mxerr.BadJSON("redactions are not supported yet")
+	}
+	path, _ := json.Marshal([]string{"send", roomID, evType, txnID}) // unambiguous, whatever the parts hold
+	txn := &storage.RoomTxn{UserID: sender, DeviceID: deviceID, Path: string(path)}
+	ev, err := s.send(ctx, roomID, sender, evType, nil, content, txn)
+	if err != nil {
+		return "", err
+	}
+	return ev.EventID(), nil
+}
+
+// SendState sets a piece of state (PUT /rooms/{roomId}/state/...).
+func (s *Service) SendState(ctx context.Context, sender, roomID, evType, stateKey string, content json.RawMessage) (string, error) {
+	if !isObject(content) {
+		return "", mxerr.BadJSON("the content must be a JSON object")
+	}
+	if evType == "" || len(evType) > 255 || len(stateKey) > 255 {
+		return "", mxerr.BadJSON("the type and state key must be 1 to 255 and 0 to 255 bytes")
+	}
+	if evType == spec.MRoomCreate {
+		return "", mxerr.BadJSON("a room has one create event")
+	}
+	ev, err := s.send(ctx, roomID, sender, evType, &stateKey, content, nil)
+	if err != nil {
+		return "", err
+	}
+	return ev.EventID(), nil
+}
+
+// visible checks that the user may read a room now: a member (joined).
+func (s *Service) joined(ctx context.Context, roomID, userID string) error {
+	if _, err := s.db.Room(ctx, roomID); errors.Is(err, storage.ErrNotFound) {
+		return errNoRoom(roomID)
+	} else if err != nil {
+		return err
+	}
+	m, err := s.db.RoomMembership(ctx, roomID, userID)
+	if err != nil {
+		return err
+	}
+	if m != spec.Join {
+		return mxerr.Forbidden("you are not in room %s", roomID)
+	}
+	return nil
+}
+
+// State returns a room's current state.
+func (s *Service) State(ctx context.Context, userID, roomID string) ([]ClientEvent, error) {
+	if err := s.joined(ctx, roomID, userID); err != nil {
+		return nil, err
+	}
+	evs, err := s.db.RoomCurrentState(ctx, roomID)
+	if err != nil {
+		return nil, err
+	}
+	return clientEvents(evs)
+}
+
+// StateContent returns the content of one piece of a room's state.
+func (s *Service) StateContent(ctx context.Context, userID, roomID, evType, stateKey string) (json.RawMessage, error) {
+	state, err := s.State(ctx, userID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	for _, ev := range state {
+		if ev.Type == evType && ev.StateKey != nil && *ev.StateKey == stateKey {
+			return ev.Content, nil
+		}
+	}
+	return nil, mxerr.NotFound("no state of type %q and key %q", evType, stateKey)
+}
+
+// Members returns a room's member events.
+func (s *Service) Members(ctx context.Context, userID, roomID string) ([]ClientEvent, error) {
+	state, err := s.State(ctx, userID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	out := []ClientEvent{}
+	for _, ev := range state {
+		if ev.Type == spec.MRoomMember {
+			out = append(out, ev)
+		}
+	}
+	return out, nil
+}
+
+// JoinedMember is an entry of /joined_members.
+type JoinedMember struct {
+	DisplayName *string `json:"display_name"`
+	AvatarURL   *string `json:"avatar_url"`
+}
+
+// JoinedMembers returns a room's joined members with their profiles.
+func (s *Service) JoinedMembers(ctx context.Context, userID, roomID string) (map[string]JoinedMember, error) {
+	members, err := s.Members(ctx, userID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]JoinedMember{}
+	for _, ev := range members {
+		var c struct {
+			Membership  string  `json:"membership"`
+			DisplayName *string `json:"displayname"`
+			AvatarURL   *string `json:"avatar_url"`
+		}
+		if json.Unmarshal(ev.Content, &c) == nil && c.Membership == spec.Join {
+			out[*ev.StateKey] = JoinedMember{DisplayName: c.DisplayName, AvatarURL: c.AvatarURL}
+		}
+	}
+	return out, nil
+}
+
+// JoinedRooms lists the rooms the user is joined to.
+func (s *Service) JoinedRooms(ctx context.Context, userID string) ([]string, error) {
+	ms, err := s.db.UserRoomMemberships(ctx, userID)
+	if err != nil {
+		return nil, err
+	}
+	out := []string{}
+	for _, m := range ms {
+		if m.Membership == spec.Join {
+			out = append(out, m.RoomID)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Event returns one event of a room the user is joined to.
+func (s *Service) Event(ctx context.Context, userID, roomID, eventID string) (ClientEvent, error) {
+	if err := s.joined(ctx, roomID, userID); err != nil {
+		return ClientEvent{}, err
+	}
+	ev, err := s.db.RoomEvent(ctx, eventID)
+	if errors.Is(err, storage.ErrNotFound) || (err == nil && ev.RoomID != roomID) || (err == nil && ev.Pos == 0) {
+		return ClientEvent{}, mxerr.NotFound("unknown event %s", eventID)
+	}
+	if err != nil {
+		return ClientEvent{}, err
+	}
+	p, err := pdu(ev)
+	if err != nil {
+		return ClientEvent{}, err
+	}
+	return clientEvent(p), nil
+}

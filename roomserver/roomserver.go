@@ -1,0 +1,369 @@
+// Package roomserver is the rooms of the server: their events, state and
+// membership, built, hashed, signed and authorised with gomatrixserverlib.
+// Membership is the source of who shares a room with whom, which drives
+// the device lists of package keyserver.
+//
+// # Storage (package sqlstore, migration 14)
+//
+//   - rooms: one row per room, with its room version (which decides the
+//     format of its events, the event ID format and the auth rules), the
+//     snapshot of its current state and its greatest depth.
+//   - room_events: every event as the signed PDU in federation format,
+//     with its room version beside it, so that JSON is always read back
+//     with the rules it was written under (v1/v2 carry their event_id,
+//     v3+ IDs are reference hashes). Each event has state_before, the
+//     snapshot of the room state before it, and pos, its position in the
+//     /sync stream (shared with device lists and account data). Events
+//     stored without known state before them (outliers: auth chains and
+//     state received in a join, invites to rooms we are not in) have
+//     neither; flags mark rejected and soft-failed events.
+//   - room_state_snapshots / room_state_entries: a snapshot is a full map
+//     (type, state_key) -> event. Events with the same state before them
+//     share a snapshot: only a state event makes a new one (the old one
+//     with that key replaced). "State at an event" (federation /state and
+//     /state_ids, /sync's state at the start of a timeline) is a snapshot
+//     lookup; the state after an event is the state before it plus the
+//     event when it is state.
+//   - room_extremities: the forward extremities, prev_events of the next
+//     event. A write names the extremities it built on and fails with
+//     storage.ErrRoomMoved if the room moved meanwhile (another daemon
+//     sharing the database); the event is then built again.
+//   - room_current_state: the current state by key, with the membership
+//     of member events, for member lists and a user's rooms.
+//   - room_aliases, room_txns (client transaction IDs per device and
+//     path), room_forgotten, sync_filters.
+//
+// # Membership and device lists
+//
+// Every membership event is written in one transaction with the
+// membership row the device-list side reads (sqlstore's txSetMembership,
+// the body of the admin endpoint's storage.SetMembership): joined and
+// invited users share the room (as Synapse counts it), anyone else does
+// not. That transaction also marks newly shared remote users' lists stale
+// and names the local users concerned, whose waiting /sync requests wake.
+// Neither side reads the other's tables: the device-list side sees only
+// memberships (join, invite, leave).
+//
+// # Federation (to come)
+//
+// The tables are laid out for it: incoming PDUs are checked with
+// gomatrixserverlib (signatures, hashes, Allowed against their auth events
+// and against the snapshot before them, soft-fail against current state),
+// stored with their room version; events from send_join's state and auth
+// chain become outliers; several extremities are resolved with
+// gomatrixserverlib.ResolveConflicts over their snapshots into a new
+// snapshot. Our own events will be queued for the room's servers in the
+// same transaction, like device-list EDUs.
+package roomserver
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Store is what rooms keep in the database (package sqlstore).
+type Store interface {
+	WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (storage.RoomWriteResult, error)
+	Room(ctx context.Context, roomID string) (storage.Room, error)
+	RoomCurrentState(ctx context.Context, roomID string) ([]storage.RoomEvent, error)
+	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
+	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
+	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
+	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
+	UserRoomMemberships(ctx context.Context, userID string) ([]storage.RoomMember, error)
+	RoomTxnEvent(ctx context.Context, t storage.RoomTxn) (string, error)
+	PutRoomAlias(ctx context.Context, a storage.RoomAlias) error
+	RoomAlias(ctx context.Context, alias string) (storage.RoomAlias, error)
+	DeleteRoomAlias(ctx context.Context, alias string) error
+	ForgetRoom(ctx context.Context, userID, roomID string) error
+	SyncStore
+}
+
+// MembershipSink is the device-list side's one view of rooms: told of
+// every committed room write, with the local users it concerns and the
+// remote users whose lists are now tracked (keyserver.Service).
+type MembershipSink interface {
+	RoomWritten(res storage.RoomWriteResult)
+}
+
+// Options configure the rooms.
+type Options struct {
+	ServerName string
+	// KeyID and PrivateKey sign our events (the server's signing key).
+	KeyID      gomatrixserverlib.KeyID
+	PrivateKey ed25519.PrivateKey
+	Sink       MembershipSink
+	Logger     logrus.FieldLogger
+	Now        func() time.Time
+}
+
+// Service serves rooms.
+type Service struct {
+	db    Store
+	opts  Options
+	locks sync.Map // room ID -> *sync.Mutex: one local write at a time per room
+}
+
+// New makes a Service.
+func New(db Store, opts Options) *Service {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = logrus.StandardLogger()
+	}
+	return &Service{db: db, opts: opts}
+}
+
+// DefaultRoomVersion is the version of rooms created without one.
+const DefaultRoomVersion = gomatrixserverlib.RoomVersionV10
+
+// MaxEventBytes bounds an event as federation JSON.
+const MaxEventBytes = 65536
+
+// RoomVersions lists the versions rooms may be created and joined in,
+// each "stable" or "unstable" (for /capabilities).
+func RoomVersions() map[string]string {
+	out := map[string]string{}
+	for v, impl := range gomatrixserverlib.RoomVersions() {
+		if v == gomatrixserverlib.RoomVersionPseudoIDs {
+			continue // pseudo IDs need a sender-to-user mapping this server does not keep
+		}
+		if impl.Stable() {
+			out[string(v)] = "stable"
+		} else {
+			out[string(v)] = "unstable"
+		}
+	}
+	return out
+}
+
+// userIDForSender maps a sender to its user: the same in every version
+// this server creates and joins (no pseudo IDs).
+func userIDForSender(_ spec.RoomID, senderID spec.SenderID) (*spec.UserID, error) {
+	return spec.NewUserID(string(senderID), true)
+}
+
+func (s *Service) lock(roomID string) func() {
+	m, _ := s.locks.LoadOrStore(roomID, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
+}
+
+// pdu reads a stored event with the rules of its room version.
+func pdu(ev storage.RoomEvent) (gomatrixserverlib.PDU, error) {
+	impl, err := gomatrixserverlib.GetRoomVersion(gomatrixserverlib.RoomVersion(ev.RoomVersion))
+	if err != nil {
+		return nil, err
+	}
+	return impl.NewEventFromTrustedJSONWithEventID(ev.EventID, ev.JSON, false)
+}
+
+func pdus(evs []storage.RoomEvent) ([]gomatrixserverlib.PDU, error) {
+	out := make([]gomatrixserverlib.PDU, 0, len(evs))
+	for _, ev := range evs {
+		p, err := pdu(ev)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// record is the stored form of a new event.
+func record(ev gomatrixserverlib.PDU) storage.RoomEvent {
+	r := storage.RoomEvent{
+		EventID: ev.EventID(), RoomID: ev.RoomID().String(), Type: ev.Type(), StateKey: ev.StateKey(),
+		Sender: string(ev.SenderID()), Depth: ev.Depth(), RoomVersion: string(ev.Version()), JSON: ev.JSON(),
+	}
+	if ev.Type() == spec.MRoomMember {
+		r.Membership, _ = ev.Membership()
+	}
+	return r
+}
+
+// chain builds events one after the other on a state, each checked by
+// the auth rules against the state before it.
+type chain struct {
+	s       *Service
+	impl    gomatrixserverlib.IRoomVersion
+	roomID  string
+	state   map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU
+	prev    []string
+	depth   int64
+	built   []gomatrixserverlib.PDU
+	records []storage.RoomEvent
+}
+
+func (s *Service) newChain(impl gomatrixserverlib.IRoomVersion, roomID string, state []gomatrixserverlib.PDU, prev []string, depth int64) *chain {
+	c := &chain{s: s, impl: impl, roomID: roomID, state: map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU{}, prev: prev, depth: depth}
+	for _, ev := range state {
+		c.state[gomatrixserverlib.StateKeyTuple{EventType: ev.Type(), StateKey: *ev.StateKey()}] = ev
+	}
+	return c
+}
+
+func (c *chain) authEvents() (*gomatrixserverlib.AuthEvents, error) {
+	ae := gomatrixserverlib.NewAuthEvents(nil)
+	for _, ev := range c.state {
+		if err := ae.AddEvent(ev); err != nil {
+			return nil, err
+		}
+	}
+	return &ae, nil
+}
+
+// add builds, signs and authorises the next event. A refusal of the auth
+// rules is 403 M_FORBIDDEN, an event too large 413 M_TOO_LARGE.
+func (c *chain) add(sender, evType string, stateKey *string, content any) (gomatrixserverlib.PDU, error) {
+	raw, err := json.Marshal(content)
+	if err != nil {
+		return nil, mxerr.BadJSON("the content cannot be encoded")
+	}
+	if len(raw) > MaxEventBytes {
+		return nil, mxerr.TooLarge("the event is larger than %d bytes", MaxEventBytes)
+	}
+	prev := c.prev
+	if prev == nil {
+		prev = []string{} // the create event: an empty list, not null
+	}
+	proto := gomatrixserverlib.ProtoEvent{
+		SenderID: sender, RoomID: c.roomID, Type: evType, StateKey: stateKey, Content: raw,
+		PrevEvents: prev, Depth: c.depth + 1,
+	}
+	eb := c.impl.NewEventBuilderFromProtoEvent(&proto)
+	ae, err := c.authEvents()
+	if err != nil {
+		return nil, err
+	}
+	if err := eb.AddAuthEvents(ae); err != nil {
+		return nil, mxerr.BadJSON("%v", err)
+	}
+	ev, err := eb.Build(c.s.opts.Now(), spec.ServerName(c.s.opts.ServerName), c.s.opts.KeyID, c.s.opts.PrivateKey)
+	var invalid gomatrixserverlib.EventValidationError
+	if errors.As(err, &invalid) && invalid.Code == gomatrixserverlib.EventValidationTooLarge {
+		return nil, mxerr.TooLarge("the event is larger than %d bytes", MaxEventBytes)
+	}
+	if err != nil {
+		return nil, mxerr.BadJSON("invalid event: %v", err)
+	}
+	if len(ev.JSON()) > MaxEventBytes {
+		return nil, mxerr.TooLarge("the event is larger than %d bytes", MaxEventBytes)
+	}
+	if err := gomatrixserverlib.Allowed(ev, ae, userIDForSender); err != nil {
+		var na *gomatrixserverlib.NotAllowed
+		if errors.As(err, &na) {
+			return nil, mxerr.Forbidden("%s", na.Message)
+		}
+		return nil, mxerr.Forbidden("%v", err)
+	}
+	if ev.StateKey() != nil {
+		c.state[gomatrixserverlib.StateKeyTuple{EventType: ev.Type(), StateKey: *ev.StateKey()}] = ev
+	}
+	c.prev = []string{ev.EventID()}
+	c.depth = ev.Depth()
+	c.built = append(c.built, ev)
+	c.records = append(c.records, record(ev))
+	return ev, nil
+}
+
+// errNoRoom answers for a room this server does not know.
+func errNoRoom(roomID string) error { return mxerr.NotFound("unknown room %s", roomID) }
+
+// maxAttempts bounds the rebuilds of an event whose room moved under it.
+const maxAttempts = 20
+
+// send builds one event on a room's current state and writes it; txn
+// (optional) records it as a client transaction's result.
+func (s *Service) send(ctx context.Context, roomID, sender, evType string, stateKey *string, content any, txn *storage.RoomTxn) (gomatrixserverlib.PDU, error) {
+	defer s.lock(roomID)()
+	if txn != nil {
+		if id, err := s.db.RoomTxnEvent(ctx, *txn); err == nil {
+			ev, err := s.db.RoomEvent(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return pdu(ev)
+		} else if !errors.Is(err, storage.ErrNotFound) {
+			return nil, err
+		}
+	}
+	needed, err := stateNeeded(sender, evType, stateKey, content)
+	if err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		room, err := s.db.Room(ctx, roomID)
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil, errNoRoom(roomID)
+		} else if err != nil {
+			return nil, err
+		}
+		impl, err := gomatrixserverlib.GetRoomVersion(gomatrixserverlib.RoomVersion(room.RoomVersion))
+		if err != nil {
+			return nil, mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", room.RoomVersion)
+		}
+		// Only the state the auth rules look at is loaded.
+		stored, err := s.db.RoomStateEvents(ctx, roomID, needed)
+		if err != nil {
+			return nil, err
+		}
+		state, err := pdus(stored)
+		if err != nil {
+			return nil, err
+		}
+		c := s.newChain(impl, roomID, state, room.Extremities, room.Depth)
+		ev, err := c.add(sender, evType, stateKey, content)
+		if err != nil {
+			return nil, err
+		}
+		res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities,
+			Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()})
+		if errors.Is(err, storage.ErrRoomMoved) && attempt < maxAttempts {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.written(res)
+		return ev, nil
+	}
+}
+
+// stateNeeded lists the state an event's auth events come from
+// (gomatrixserverlib's selection).
+func stateNeeded(sender, evType string, stateKey *string, content any) ([]storage.StateKey, error) {
+	raw, err := json.Marshal(content)
+	if err != nil {
+		return nil, mxerr.BadJSON("the content cannot be encoded")
+	}
+	needed, err := gomatrixserverlib.StateNeededForProtoEvent(&gomatrixserverlib.ProtoEvent{
+		SenderID: sender, Type: evType, StateKey: stateKey, Content: raw})
+	if err != nil {
+		return nil, mxerr.BadJSON("%v", err)
+	}
+	var keys []storage.StateKey
+	for _, t := range needed.Tuples() {
+		keys = append(keys, storage.StateKey{Type: t.EventType, StateKey: t.StateKey})
+	}
+	return keys, nil
+}
+
+func (s *Service) written(res storage.RoomWriteResult) {
+	if s.opts.Sink != nil {
+		s.opts.Sink.RoomWritten(res)
+	}
+}

@@ -1,0 +1,352 @@
+package roomserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// The rooms part of /sync.
+//
+// Room events take their positions from the stream /sync tokens are made
+// of ("s<pos>"), so a token stands for every room event up to it as well,
+// and tokens handed out before rooms existed stay valid. A room write
+// names the room's local members (joined and invited) in its
+// storage.Change, whose waiting /sync requests wake.
+
+// SyncStore is what /sync and filters read and write of rooms.
+type SyncStore interface {
+	RoomTimeline(ctx context.Context, roomID string, from, to storage.StreamPos, limit int) ([]storage.RoomEvent, bool, error)
+	RoomNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error)
+	PutSyncFilter(ctx context.Context, userID string, filter []byte) (int64, error)
+	SyncFilter(ctx context.Context, userID string, id int64) ([]byte, error)
+}
+
+// Filter is the part of a /sync filter this server applies; other fields
+// are accepted and ignored.
+type Filter struct {
+	Room struct {
+		Rooms        *[]string   `json:"rooms"`
+		NotRooms     []string    `json:"not_rooms"`
+		IncludeLeave bool        `json:"include_leave"`
+		Timeline     EventFilter `json:"timeline"`
+	} `json:"room"`
+}
+
+// EventFilter is the part of an event filter this server applies.
+type EventFilter struct {
+	Limit *int `json:"limit"`
+}
+
+// DefaultTimelineLimit is the timeline's length without a filter's limit;
+// MaxTimelineLimit caps a filter's.
+const (
+	DefaultTimelineLimit = 10
+	MaxTimelineLimit     = 100
+)
+
+func (f Filter) timelineLimit() int {
+	if f.Room.Timeline.Limit == nil {
+		return DefaultTimelineLimit
+	}
+	return min(max(*f.Room.Timeline.Limit, 1), MaxTimelineLimit)
+}
+
+func (f Filter) wants(roomID string) bool {
+	if slices.Contains(f.Room.NotRooms, roomID) {
+		return false
+	}
+	return f.Room.Rooms == nil || slices.Contains(*f.Room.Rooms, roomID)
+}
+
+// parseFilter reads a filter's JSON: an object whose known fields have
+// the right types.
+func parseFilter(raw []byte) (Filter, error) {
+	var f Filter
+	if !isObject(raw) {
+		return f, mxerr.BadJSON("the filter must be a JSON object")
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return f, mxerr.BadJSON("invalid filter: %v", err)
+	}
+	return f, nil
+}
+
+// PutFilter stores a filter of the caller's (POST /user/{userId}/filter).
+func (s *Service) PutFilter(ctx context.Context, callerID, userID string, raw json.RawMessage) (string, error) {
+	if userID != callerID {
+		return "", mxerr.Forbidden("cannot create filters for other users")
+	}
+	if _, err := parseFilter(raw); err != nil {
+		return "", err
+	}
+	compact := gomatrixserverlib.CompactJSON(raw, make([]byte, 0, len(raw)))
+	id, err := s.db.PutSyncFilter(ctx, userID, compact)
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(id, 10), nil
+}
+
+// GetFilter returns a stored filter of the caller's.
+func (s *Service) GetFilter(ctx context.Context, callerID, userID, filterID string) (json.RawMessage, error) {
+	if userID != callerID {
+		return nil, mxerr.Forbidden("cannot read the filters of other users")
+	}
+	id, err := strconv.ParseInt(filterID, 10, 64)
+	if err != nil {
+		return nil, mxerr.NotFound("unknown filter %q", filterID)
+	}
+	raw, err := s.db.SyncFilter(ctx, userID, id)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, mxerr.NotFound("unknown filter %q", filterID)
+	}
+	return raw, err
+}
+
+// ResolveFilter reads /sync's filter parameter: inline JSON when it
+// starts with "{", else the ID of a stored filter; empty: no filter.
+func (s *Service) ResolveFilter(ctx context.Context, userID, param string) (Filter, error) {
+	switch {
+	case param == "":
+		return Filter{}, nil
+	case strings.HasPrefix(param, "{"):
+		return parseFilter([]byte(param))
+	}
+	raw, err := s.GetFilter(ctx, userID, userID, param)
+	if err != nil {
+		var mx *mxerr.Error
+		if errors.As(err, &mx) && mx.Code == "M_NOT_FOUND" {
+			return Filter{}, mxerr.BadJSON("unknown filter %q", param)
+		}
+		return Filter{}, err
+	}
+	return parseFilter(raw)
+}
+
+// SyncRequest asks for the rooms part of a /sync answer.
+type SyncRequest struct {
+	UserID    string
+	From, To  storage.StreamPos // From 0: an initial sync
+	FullState bool
+	Filter    Filter
+	// AccountData are the user's account data changes in the range; the
+	// per-room ones go under their joined rooms.
+	AccountData []storage.AccountData
+	// Token formats a stream position as a /sync token (prev_batch).
+	Token func(storage.StreamPos) string
+}
+
+// SyncRooms is the rooms part of a /sync answer.
+type SyncRooms struct {
+	Join   map[string]*JoinedRoom  `json:"join"`
+	Invite map[string]*InvitedRoom `json:"invite"`
+	Leave  map[string]*LeftRoom    `json:"leave"`
+}
+
+// Events is a list of client events.
+type Events struct {
+	Events []ClientEvent `json:"events"`
+}
+
+// Timeline is a room's timeline in /sync.
+type Timeline struct {
+	Events    []ClientEvent `json:"events"`
+	Limited   bool          `json:"limited"`
+	PrevBatch string        `json:"prev_batch,omitempty"`
+}
+
+// AccountDataEvents is a room's account data in /sync.
+type AccountDataEvents struct {
+	Events []AccountDataEvent `json:"events"`
+}
+
+// AccountDataEvent is one type of a room's account data.
+type AccountDataEvent struct {
+	Type    string          `json:"type"`
+	Content json.RawMessage `json:"content"`
+}
+
+// JoinedRoom is an entry of rooms.join.
+type JoinedRoom struct {
+	State       Events            `json:"state"`
+	Timeline    Timeline          `json:"timeline"`
+	AccountData AccountDataEvents `json:"account_data"`
+	Ephemeral   Events            `json:"ephemeral"`
+}
+
+// InvitedRoom is an entry of rooms.invite.
+type InvitedRoom struct {
+	InviteState struct {
+		Events []gomatrixserverlib.InviteStrippedState `json:"events"`
+	} `json:"invite_state"`
+}
+
+// LeftRoom is an entry of rooms.leave.
+type LeftRoom struct {
+	State       Events            `json:"state"`
+	Timeline    Timeline          `json:"timeline"`
+	AccountData AccountDataEvents `json:"account_data"`
+}
+
+// Empty reports whether the section has no room.
+func (r *SyncRooms) Empty() bool {
+	return r == nil || len(r.Join)+len(r.Invite)+len(r.Leave) == 0
+}
+
+// News reports whether a room event of the user's rooms is in (from, to]:
+// news that ends a waiting /sync.
+func (s *Service) News(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
+	return s.db.RoomNews(ctx, userID, from, to)
+}
+
+// strippedTypes are the state an invitee is shown of the room.
+var strippedTypes = []string{
+	spec.MRoomCreate, spec.MRoomName, "m.room.avatar", spec.MRoomTopic, spec.MRoomJoinRules,
+	spec.MRoomCanonicalAlias, spec.MRoomEncryption,
+}
+
+// Sync builds the rooms part of /sync for the range (From, To].
+func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error) {
+	out := &SyncRooms{Join: map[string]*JoinedRoom{}, Invite: map[string]*InvitedRoom{}, Leave: map[string]*LeftRoom{}}
+	memberships, err := s.db.UserRoomMemberships(ctx, req.UserID)
+	if err != nil {
+		return nil, err
+	}
+	roomData := map[string][]AccountDataEvent{}
+	for _, d := range req.AccountData {
+		if d.RoomID != "" {
+			roomData[d.RoomID] = append(roomData[d.RoomID], AccountDataEvent{Type: d.Type, Content: d.Content})
+		}
+	}
+	limit := req.Filter.timelineLimit()
+	for _, m := range memberships {
+		if !req.Filter.wants(m.RoomID) || m.Pos > req.To {
+			// A membership newer than the answer's token comes next time.
+			continue
+		}
+		switch m.Membership {
+		case spec.Join:
+			// A user who joined in the range gets the room's whole state.
+			full := req.From == 0 || req.FullState || m.Pos > req.From
+			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, req.To, limit, full)
+			if err != nil {
+				return nil, err
+			}
+			data := roomData[m.RoomID]
+			if len(timeline.Events) == 0 && len(data) == 0 && !full {
+				continue
+			}
+			out.Join[m.RoomID] = &JoinedRoom{State: state, Timeline: timeline,
+				AccountData: AccountDataEvents{Events: orEmpty(data)}, Ephemeral: Events{Events: []ClientEvent{}}}
+		case spec.Invite:
+			if req.From != 0 && m.Pos <= req.From {
+				continue
+			}
+			inv, err := s.inviteState(ctx, m.EventID)
+			if err != nil {
+				return nil, err
+			}
+			out.Invite[m.RoomID] = inv
+		default: // leave, ban
+			if (req.From == 0 && !req.Filter.Room.IncludeLeave) || (req.From != 0 && m.Pos <= req.From) {
+				continue
+			}
+			full := req.From == 0 || req.FullState
+			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, m.Pos, limit, full)
+			if err != nil {
+				return nil, err
+			}
+			out.Leave[m.RoomID] = &LeftRoom{State: state, Timeline: timeline,
+				AccountData: AccountDataEvents{Events: orEmpty(roomData[m.RoomID])}}
+		}
+	}
+	return out, nil
+}
+
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// syncTimeline returns a room's timeline in (From, to] and the state
+// before its first event: all of it when full, else the state that
+// changed since From in a gap the timeline leaves out (limited).
+func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncRequest, to storage.StreamPos, limit int, full bool) (Timeline, Events, error) {
+	from := req.From
+	if full {
+		from = 0
+	}
+	evs, limited, err := s.db.RoomTimeline(ctx, roomID, from, to, limit)
+	if err != nil {
+		return Timeline{}, Events{}, err
+	}
+	timeline := Timeline{Limited: limited}
+	if timeline.Events, err = clientEvents(evs); err != nil {
+		return Timeline{}, Events{}, err
+	}
+	state := Events{Events: []ClientEvent{}}
+	if len(evs) == 0 {
+		return timeline, state, nil
+	}
+	if req.Token != nil {
+		timeline.PrevBatch = req.Token(evs[0].Pos - 1)
+	}
+	if !full && !limited {
+		return timeline, state, nil
+	}
+	before, err := s.db.RoomStateBefore(ctx, evs[0].EventID)
+	if err != nil {
+		return Timeline{}, Events{}, err
+	}
+	var keep []storage.RoomEvent
+	for _, ev := range before {
+		// Without full state, only what changed after the token and
+		// before the timeline: the gap.
+		if full || ev.Pos > req.From {
+			keep = append(keep, ev)
+		}
+	}
+	if state.Events, err = clientEvents(keep); err != nil {
+		return Timeline{}, Events{}, err
+	}
+	state.Events = orEmpty(state.Events)
+	return timeline, state, nil
+}
+
+// inviteState is an invitee's view of a room: stripped state after the
+// invite, the invite itself included.
+func (s *Service) inviteState(ctx context.Context, inviteID string) (*InvitedRoom, error) {
+	invite, err := s.db.RoomEvent(ctx, inviteID)
+	if err != nil {
+		return nil, err
+	}
+	before, err := s.db.RoomStateBefore(ctx, inviteID)
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return nil, err
+	}
+	inv := &InvitedRoom{}
+	inv.InviteState.Events = []gomatrixserverlib.InviteStrippedState{}
+	for _, ev := range append(before, invite) {
+		if !slices.Contains(strippedTypes, ev.Type) && ev.EventID != inviteID {
+			continue
+		}
+		p, err := pdu(ev)
+		if err != nil {
+			return nil, err
+		}
+		inv.InviteState.Events = append(inv.InviteState.Events, gomatrixserverlib.NewInviteStrippedState(p))
+	}
+	return inv, nil
+}

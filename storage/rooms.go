@@ -1,0 +1,91 @@
+package storage
+
+import "errors"
+
+// ErrRoomMoved is returned by a room write built on forward extremities
+// the room no longer has (another write came first): the caller builds
+// its events again on the new ones.
+var ErrRoomMoved = errors.New("storage: the room changed under the write")
+
+// ErrExists is returned when a unique name (a room alias) is taken.
+var ErrExists = errors.New("storage: already exists")
+
+// Room is what the store keeps about a room besides its events.
+type Room struct {
+	RoomID      string
+	RoomVersion string
+	Creator     string
+	Published   bool
+	// Depth is the greatest depth of the room's events.
+	Depth int64
+	// Extremities are the room's forward extremities: the prev_events of
+	// its next event.
+	Extremities []string
+}
+
+// RoomEvent is a stored event of a room.
+type RoomEvent struct {
+	EventID  string
+	RoomID   string
+	Type     string
+	StateKey *string // nil for a message (non-state) event
+	Sender   string
+	Depth    int64
+	// RoomVersion decides how JSON is read (event ID format, redaction).
+	RoomVersion string
+	JSON        []byte // the PDU as signed, in federation format
+	// Membership is the content's membership of an m.room.member event.
+	Membership string
+	// Pos is the event's stream position (0 for an outlier).
+	Pos StreamPos
+}
+
+// RoomWrite is a linear chain of new events of one room, each authorised
+// against the state before it, written in one transaction with what they
+// change: the room's state and extremities, memberships for device lists,
+// and the /sync stream.
+type RoomWrite struct {
+	// Create is set for a new room; it is inserted with the events.
+	Create *Room
+	RoomID string
+	// Extremities are those the first event was built on; the write fails
+	// with ErrRoomMoved when the room's differ.
+	Extremities []string
+	Events      []RoomEvent
+	// Alias, when set, is created with the room (ErrExists when taken).
+	Alias string
+	// Txn, when set, records the last event as the result of a client's
+	// transaction.
+	Txn *RoomTxn
+	Now int64 // milliseconds
+}
+
+// RoomTxn names a client's request: one device, one path.
+type RoomTxn struct {
+	UserID, DeviceID, Path string
+}
+
+// RoomWriteResult is what a room write did.
+type RoomWriteResult struct {
+	Change
+	// NewlyStale are remote users whose device lists are now tracked.
+	NewlyStale []StaleUser
+}
+
+// RoomMember is a user's current membership of a room, with the event
+// that set it and that event's stream position.
+type RoomMember struct {
+	RoomID, UserID, Membership string
+	EventID                    string
+	Pos                        StreamPos
+}
+
+// RoomAlias is an alias and the room it names.
+type RoomAlias struct {
+	Alias, RoomID, Creator string
+}
+
+// StateKey names a piece of a room's state.
+type StateKey struct {
+	Type, StateKey string
+}

@@ -1,0 +1,452 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// The rooms' tables (migration 14): see package roomserver for the design.
+
+// WriteRoomEvents writes a chain of new events of a room in one
+// transaction: each event with the snapshot of the state before it and a
+// stream position, the new state snapshots and current state, the room's
+// extremities (the last event), and, for each membership event, the
+// membership the device-list side reads (storage.SetMembership's own
+// transaction body), so that who shares a room with whom changes with the
+// event. The change concerns the room's local members.
+func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ storage.RoomWriteResult, err error) {
+	defer named("WriteRoomEvents", &err)
+	var res storage.RoomWriteResult
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
+		res = storage.RoomWriteResult{}
+		var snapshot, depth int64
+		if c := w.Create; c != nil {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM rooms WHERE room_id = $1`, w.RoomID).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return storage.ErrExists
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO rooms (room_id, room_version, creator, published, depth, state_snapshot, created_ts)
+				VALUES ($1, $2, $3, $4, 0, 0, $5)`, w.RoomID, c.RoomVersion, c.Creator, boolInt(c.Published), w.Now); err != nil {
+				return err
+			}
+		} else {
+			err := tx.QueryRowContext(ctx, `SELECT state_snapshot, depth FROM rooms WHERE room_id = $1`+s.d.forUpdate, w.RoomID).Scan(&snapshot, &depth)
+			if err != nil {
+				return notFound(err)
+			}
+			have, err := s.txUserList(ctx, tx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, w.RoomID)
+			if err != nil {
+				return err
+			}
+			want := slices.Clone(w.Extremities)
+			slices.Sort(have)
+			slices.Sort(want)
+			if !slices.Equal(have, want) {
+				return storage.ErrRoomMoved
+			}
+		}
+		if w.Alias != "" {
+			if err := s.txPutRoomAlias(ctx, tx, storage.RoomAlias{Alias: w.Alias, RoomID: w.RoomID, Creator: w.Create.Creator}); err != nil {
+				return err
+			}
+		}
+		nids := make([]int64, len(w.Events))
+		for i, ev := range w.Events {
+			var err error
+			if nids[i], err = s.txWriteRoomEvent(ctx, tx, ev, &snapshot); err != nil {
+				return err
+			}
+			depth = max(depth, ev.Depth)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2 WHERE room_id = $3`, snapshot, depth, w.RoomID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM room_extremities WHERE room_id = $1`, w.RoomID); err != nil {
+			return err
+		}
+		if len(w.Events) > 0 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO room_extremities (room_id, event_id) VALUES ($1, $2)`,
+				w.RoomID, w.Events[len(w.Events)-1].EventID); err != nil {
+				return err
+			}
+		}
+		// Stream positions last: the counter stays locked from the first
+		// one to the commit, holding up every other write of the server.
+		for i, ev := range w.Events {
+			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], &res, w.Now); err != nil {
+				return err
+			}
+		}
+		// The room's local members see the events in /sync.
+		members, err := s.txUserList(ctx, tx, `SELECT state_key FROM room_current_state
+			WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite') AND state_key LIKE $2`,
+			w.RoomID, s.localPattern())
+		if err != nil {
+			return err
+		}
+		tx.concern(members...)
+		if t := w.Txn; t != nil && len(w.Events) > 0 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, $5)`,
+				t.UserID, t.DeviceID, t.Path, w.Events[len(w.Events)-1].EventID, w.Now); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	res.Change = ch
+	return res, err
+}
+
+// txWriteRoomEvent writes one event after *snapshot (the state before
+// it), moving *snapshot past it when it is a state event, and returns its
+// nid. Its stream position comes later (txPlaceRoomEvent).
+func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, snapshot *int64) (int64, error) {
+	var stateKey any
+	if ev.StateKey != nil {
+		stateKey = *ev.StateKey
+	}
+	var nid int64
+	if err := tx.QueryRowContext(ctx, `INSERT INTO room_events
+		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING event_nid`,
+		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot).Scan(&nid); err != nil {
+		return 0, err
+	}
+	if ev.StateKey == nil {
+		return nid, nil
+	}
+	var next int64
+	if err := tx.QueryRowContext(ctx, `INSERT INTO room_state_snapshots (room_id) VALUES ($1) RETURNING snapshot_nid`, ev.RoomID).Scan(&next); err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid)
+		SELECT $1, event_type, state_key, event_nid FROM room_state_entries
+		WHERE snapshot_nid = $2 AND NOT (event_type = $3 AND state_key = $4)`, next, *snapshot, ev.Type, *ev.StateKey); err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid) VALUES ($1, $2, $3, $4)`,
+		next, ev.Type, *ev.StateKey, nid); err != nil {
+		return 0, err
+	}
+	*snapshot = next
+	var membership any
+	if ev.Type == "m.room.member" {
+		membership = ev.Membership
+	}
+	if _, err := tx.ExecContext(ctx, `
+		INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos) VALUES ($1, $2, $3, $4, $5, 0)
+		ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership`,
+		ev.RoomID, ev.Type, *ev.StateKey, nid, membership); err != nil {
+		return 0, err
+	}
+	return nid, nil
+}
+
+// txPlaceRoomEvent gives a written event its stream position and, for a
+// membership event, changes the membership device lists read.
+func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, nid int64, res *storage.RoomWriteResult, now int64) error {
+	pos, err := s.nextPos(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE room_events SET pos = $1 WHERE event_nid = $2`, pos, nid); err != nil {
+		return err
+	}
+	if ev.StateKey == nil {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE room_current_state SET pos = $1
+		WHERE room_id = $2 AND event_type = $3 AND state_key = $4 AND event_nid = $5`, pos, ev.RoomID, ev.Type, *ev.StateKey, nid); err != nil {
+		return err
+	}
+	if ev.Type != "m.room.member" {
+		return nil
+	}
+	// A forgotten room comes back with a new invite or join.
+	if (ev.Membership == storage.MembershipJoin || ev.Membership == storage.MembershipInvite) && strings.HasSuffix(*ev.StateKey, ":"+s.serverName) {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM room_forgotten WHERE user_id = $1 AND room_id = $2`, *ev.StateKey, ev.RoomID); err != nil {
+			return err
+		}
+	}
+	stale, err := s.txSetMembership(ctx, tx, ev.RoomID, *ev.StateKey, deviceListMembership(ev.Membership), now)
+	res.NewlyStale = append(res.NewlyStale, stale...)
+	return err
+}
+
+// deviceListMembership is what a room membership means for device lists:
+// joined and invited users share the room, anyone else does not.
+func deviceListMembership(m string) string {
+	switch m {
+	case storage.MembershipJoin, storage.MembershipInvite:
+		return m
+	}
+	return storage.MembershipLeave
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Room returns a room's record, or storage.ErrNotFound.
+func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err error) {
+	defer named("Room", &err)
+	r := storage.Room{RoomID: roomID}
+	var published int
+	if err := s.q.QueryRowContext(ctx, `SELECT room_version, creator, published, depth FROM rooms WHERE room_id = $1`, roomID).
+		Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth); err != nil {
+		return r, notFound(err)
+	}
+	r.Published = published != 0
+	if r.Extremities, err = s.userList(ctx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, roomID); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+const roomEventColumns = `e.event_id, e.room_id, e.event_type, e.state_key, e.sender, e.depth, e.room_version, e.event_json, COALESCE(e.pos, 0)`
+
+func (s *Store) roomEvents(ctx context.Context, query string, params ...any) ([]storage.RoomEvent, error) {
+	rows, err := s.q.QueryContext(ctx, query, params...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storage.RoomEvent
+	for rows.Next() {
+		var ev storage.RoomEvent
+		var stateKey sql.NullString
+		var js string
+		if err := rows.Scan(&ev.EventID, &ev.RoomID, &ev.Type, &stateKey, &ev.Sender, &ev.Depth, &ev.RoomVersion, &js, &ev.Pos); err != nil {
+			return nil, err
+		}
+		if stateKey.Valid {
+			ev.StateKey = &stateKey.String
+		}
+		ev.JSON = []byte(js)
+		out = append(out, ev)
+	}
+	return out, rows.Err()
+}
+
+// RoomCurrentState returns the events of a room's current state.
+func (s *Store) RoomCurrentState(ctx context.Context, roomID string) (_ []storage.RoomEvent, err error) {
+	defer named("RoomCurrentState", &err)
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
+		WHERE c.room_id = $1 ORDER BY e.event_nid`, roomID)
+}
+
+// RoomStateEvents returns the events of a room's current state with the
+// given (type, state key) pairs, those that exist.
+func (s *Store) RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) (_ []storage.RoomEvent, err error) {
+	defer named("RoomStateEvents", &err)
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	var b strings.Builder
+	params := []any{roomID}
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(c.event_type = $" + strconv.Itoa(len(params)+1) + " AND c.state_key = $" + strconv.Itoa(len(params)+2) + ")")
+		params = append(params, k.Type, k.StateKey)
+	}
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
+		WHERE c.room_id = $1 AND (`+b.String()+`) ORDER BY e.event_nid`, params...)
+}
+
+// RoomStateBefore returns the state of a room before one of its events
+// (not an outlier's: storage.ErrNotFound).
+func (s *Store) RoomStateBefore(ctx context.Context, eventID string) (_ []storage.RoomEvent, err error) {
+	defer named("RoomStateBefore", &err)
+	var snapshot sql.NullInt64
+	if err := s.q.QueryRowContext(ctx, `SELECT state_before FROM room_events WHERE event_id = $1`, eventID).Scan(&snapshot); err != nil {
+		return nil, notFound(err)
+	}
+	if !snapshot.Valid {
+		return nil, storage.ErrNotFound
+	}
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_state_entries se JOIN room_events e ON e.event_nid = se.event_nid
+		WHERE se.snapshot_nid = $1 ORDER BY e.event_nid`, snapshot.Int64)
+}
+
+// RoomEvent returns a stored event by ID, or storage.ErrNotFound.
+func (s *Store) RoomEvent(ctx context.Context, eventID string) (_ storage.RoomEvent, err error) {
+	defer named("RoomEvent", &err)
+	evs, err := s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_events e WHERE e.event_id = $1 AND e.rejected = 0`, eventID)
+	if err != nil {
+		return storage.RoomEvent{}, err
+	}
+	if len(evs) == 0 {
+		return storage.RoomEvent{}, storage.ErrNotFound
+	}
+	return evs[0], nil
+}
+
+// RoomMembership returns a user's current membership of a room ("" when
+// none).
+func (s *Store) RoomMembership(ctx context.Context, roomID, userID string) (_ string, err error) {
+	defer named("RoomMembership", &err)
+	var m sql.NullString
+	err = s.q.QueryRowContext(ctx, `SELECT membership FROM room_current_state
+		WHERE room_id = $1 AND event_type = 'm.room.member' AND state_key = $2`, roomID, userID).Scan(&m)
+	if err == sql.ErrNoRows {
+		return "", nil
+	}
+	return m.String, err
+}
+
+// UserRoomMemberships returns the current memberships of a user in every
+// room this server knows, forgotten rooms left out.
+func (s *Store) UserRoomMemberships(ctx context.Context, userID string) (_ []storage.RoomMember, err error) {
+	defer named("UserRoomMemberships", &err)
+	rows, err := s.q.QueryContext(ctx, `SELECT c.room_id, c.membership, e.event_id, c.pos
+		FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
+		WHERE c.event_type = 'm.room.member' AND c.state_key = $1
+		AND NOT EXISTS (SELECT 1 FROM room_forgotten f WHERE f.user_id = $1 AND f.room_id = c.room_id)
+		ORDER BY c.room_id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storage.RoomMember
+	for rows.Next() {
+		m := storage.RoomMember{UserID: userID}
+		if err := rows.Scan(&m.RoomID, &m.Membership, &m.EventID, &m.Pos); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// RoomTxnEvent returns the event a client's transaction made, or
+// storage.ErrNotFound.
+func (s *Store) RoomTxnEvent(ctx context.Context, t storage.RoomTxn) (_ string, err error) {
+	defer named("RoomTxnEvent", &err)
+	var id string
+	err = s.q.QueryRowContext(ctx, `SELECT event_id FROM room_txns WHERE user_id = $1 AND device_id = $2 AND txn_path = $3`,
+		t.UserID, t.DeviceID, t.Path).Scan(&id)
+	return id, notFound(err)
+}
+
+func (s *Store) txPutRoomAlias(ctx context.Context, tx *txn, a storage.RoomAlias) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM room_aliases WHERE alias = $1`, a.Alias).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return storage.ErrExists
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO room_aliases (alias, room_id, creator) VALUES ($1, $2, $3)`, a.Alias, a.RoomID, a.Creator)
+	if err != nil && s.d.isUniqueViolation(err) {
+		return storage.ErrExists
+	}
+	return err
+}
+
+// PutRoomAlias creates an alias (storage.ErrExists when taken).
+func (s *Store) PutRoomAlias(ctx context.Context, a storage.RoomAlias) (err error) {
+	defer named("PutRoomAlias", &err)
+	return s.write(ctx, func(tx *txn) error { return s.txPutRoomAlias(ctx, tx, a) })
+}
+
+// RoomAlias returns an alias, or storage.ErrNotFound.
+func (s *Store) RoomAlias(ctx context.Context, alias string) (_ storage.RoomAlias, err error) {
+	defer named("RoomAlias", &err)
+	a := storage.RoomAlias{Alias: alias}
+	err = s.q.QueryRowContext(ctx, `SELECT room_id, creator FROM room_aliases WHERE alias = $1`, alias).Scan(&a.RoomID, &a.Creator)
+	return a, notFound(err)
+}
+
+// DeleteRoomAlias deletes an alias (storage.ErrNotFound when unknown).
+func (s *Store) DeleteRoomAlias(ctx context.Context, alias string) (err error) {
+	defer named("DeleteRoomAlias", &err)
+	return s.write(ctx, func(tx *txn) error {
+		r, err := tx.ExecContext(ctx, `DELETE FROM room_aliases WHERE alias = $1`, alias)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return storage.ErrNotFound
+		}
+		return nil
+	})
+}
+
+// ForgetRoom records that a user forgot a room: it leaves their list of
+// rooms until they join it again.
+func (s *Store) ForgetRoom(ctx context.Context, userID, roomID string) (err error) {
+	defer named("ForgetRoom", &err)
+	return s.write(ctx, func(tx *txn) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO room_forgotten (user_id, room_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, userID, roomID)
+		return err
+	})
+}
+
+// RoomTimeline returns the newest events of a room with positions in
+// (from, to], at most limit of them, oldest first, and whether there were
+// more (the timeline is limited). Rejected and soft-failed events are
+// never shown.
+func (s *Store) RoomTimeline(ctx context.Context, roomID string, from, to storage.StreamPos, limit int) (_ []storage.RoomEvent, limited bool, err error) {
+	defer named("RoomTimeline", &err)
+	evs, err := s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_events e
+		WHERE e.room_id = $1 AND e.pos > $2 AND e.pos <= $3 AND e.rejected = 0 AND e.soft_failed = 0
+		ORDER BY e.pos DESC LIMIT $4`, roomID, from, to, limit+1)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(evs) > limit {
+		evs, limited = evs[:limit], true
+	}
+	slices.Reverse(evs)
+	return evs, limited, nil
+}
+
+// RoomNews reports whether an event of a room the user has a membership
+// of has a position in (from, to].
+func (s *Store) RoomNews(ctx context.Context, userID string, from, to storage.StreamPos) (_ bool, err error) {
+	defer named("RoomNews", &err)
+	if to <= from {
+		return false, nil
+	}
+	var n int
+	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM room_current_state c
+		JOIN room_events e ON e.room_id = c.room_id
+		WHERE c.event_type = 'm.room.member' AND c.state_key = $1 AND e.pos > $2 AND e.pos <= $3 LIMIT 1) news`, userID, from, to).Scan(&n)
+	return n > 0, err
+}
+
+// PutSyncFilter stores a user's filter and returns its ID, the user's
+// next number.
+func (s *Store) PutSyncFilter(ctx context.Context, userID string, filter []byte) (_ int64, err error) {
+	defer named("PutSyncFilter", &err)
+	var id int64
+	err = s.write(ctx, func(tx *txn) error {
+		if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(filter_id), -1) + 1 FROM sync_filters WHERE user_id = $1`, userID).Scan(&id); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO sync_filters (user_id, filter_id, filter_json) VALUES ($1, $2, $3)`, userID, id, string(filter))
+		return err
+	})
+	return id, err
+}
+
+// SyncFilter returns a user's filter, or storage.ErrNotFound.
+func (s *Store) SyncFilter(ctx context.Context, userID string, id int64) (_ []byte, err error) {
+	defer named("SyncFilter", &err)
+	var js string
+	err = s.q.QueryRowContext(ctx, `SELECT filter_json FROM sync_filters WHERE user_id = $1 AND filter_id = $2`, userID, id).Scan(&js)
+	return []byte(js), notFound(err)
+}

@@ -1,0 +1,136 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
+)
+
+func roomEvent(id, evType string, stateKey *string, membership string, depth int64) storage.RoomEvent {
+	return storage.RoomEvent{EventID: id, RoomID: "!r:x", Type: evType, StateKey: stateKey, Sender: "@a:x",
+		Depth: depth, RoomVersion: "10", JSON: []byte(`{"event":"` + id + `"}`), Membership: membership}
+}
+
+func eventIDs(evs []storage.RoomEvent) []string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.EventID)
+	}
+	return out
+}
+
+// Room writes keep a state snapshot before each event, the current state
+// and the extremities; a write built on extremities the room no longer
+// has changes nothing; membership events change memberships for device
+// lists in the same transaction.
+func TestRoomWrites(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		for _, u := range []string{"@a:x", "@b:x"} {
+			if _, err := s.CreateAccount(ctx, u, "x", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		empty, a, b, remote := "", "@a:x", "@b:x", "@r:remote"
+		res, err := s.WriteRoomEvents(ctx, storage.RoomWrite{
+			Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a}, RoomID: "!r:x", Alias: "#r:x",
+			Events: []storage.RoomEvent{
+				roomEvent("$create", "m.room.create", &empty, "", 1),
+				roomEvent("$join", "m.room.member", &a, "join", 2),
+				roomEvent("$msg", "m.room.message", nil, "", 3),
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Users, []string{a}) {
+			t.Fatalf("the creation concerns %v", res.Users)
+		}
+		room, err := s.Room(ctx, "!r:x")
+		if err != nil || room.Depth != 3 || !slices.Equal(room.Extremities, []string{"$msg"}) || room.RoomVersion != "10" {
+			t.Fatalf("room %+v %v", room, err)
+		}
+		state := func(what string, evs []storage.RoomEvent, err error, want ...string) {
+			t.Helper()
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if got := eventIDs(evs); !slices.Equal(got, want) {
+				t.Fatalf("%s: %v, want %v", what, got, want)
+			}
+		}
+		evs, err := s.RoomStateBefore(ctx, "$create")
+		state("state before the create", evs, err)
+		evs, err = s.RoomStateBefore(ctx, "$join")
+		state("state before the join", evs, err, "$create")
+		evs, err = s.RoomStateBefore(ctx, "$msg")
+		state("state before the message", evs, err, "$create", "$join")
+		evs, err = s.RoomCurrentState(ctx, "!r:x")
+		state("current state", evs, err, "$create", "$join")
+
+		// The same room ID again is refused.
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+			RoomID: "!r:x", Events: []storage.RoomEvent{roomEvent("$create2", "m.room.create", &empty, "", 1)}}); !errors.Is(err, storage.ErrExists) {
+			t.Fatalf("a second creation: %v", err)
+		}
+
+		// Built on stale extremities: refused, nothing written.
+		pos, _ := s.CurrentPos(ctx)
+		_, err = s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$join"},
+			Events: []storage.RoomEvent{roomEvent("$stale", "m.room.member", &b, "join", 3)}})
+		if !errors.Is(err, storage.ErrRoomMoved) {
+			t.Fatalf("a write on stale extremities: %v", err)
+		}
+		if now, _ := s.CurrentPos(ctx); now != pos {
+			t.Fatalf("a refused write moved the stream %d -> %d", pos, now)
+		}
+		if _, err := s.RoomEvent(ctx, "$stale"); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("a refused event was stored: %v", err)
+		}
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!nowhere:x", Events: []storage.RoomEvent{roomEvent("$x", "m.room.message", nil, "", 1)}}); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("a write to an unknown room: %v", err)
+		}
+
+		// An invite of a remote user shares the room: a device-list change
+		// for a, tracking of r starts (stale), and a is concerned.
+		res, err = s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$msg"},
+			Events: []storage.RoomEvent{roomEvent("$invite", "m.room.member", &remote, "invite", 4)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Users, []string{a}) || len(res.NewlyStale) != 1 || res.NewlyStale[0].UserID != remote {
+			t.Fatalf("the invite: users %v, newly stale %v", res.Users, res.NewlyStale)
+		}
+		lists, err := s.DeviceListChanges(ctx, a, pos, res.Pos)
+		if err != nil || !slices.Equal(lists.Changed, []string{remote}) {
+			t.Fatalf("a's changes after the invite: %+v %v", lists, err)
+		}
+		// A ban ends the sharing: r is in a's left.
+		after := res.Pos
+		res, err = s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$invite"},
+			Events: []storage.RoomEvent{roomEvent("$ban", "m.room.member", &remote, "ban", 5)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lists, err = s.DeviceListChanges(ctx, a, after, res.Pos)
+		if err != nil || !slices.Equal(lists.Left, []string{remote}) {
+			t.Fatalf("a's changes after the ban: %+v %v", lists, err)
+		}
+		if m, err := s.RoomMembership(ctx, "!r:x", remote); err != nil || m != "ban" {
+			t.Fatalf("r's membership %q %v", m, err)
+		}
+		// The timeline in stream order, limited.
+		tl, limited, err := s.RoomTimeline(ctx, "!r:x", 0, res.Pos, 2)
+		if err != nil || !limited || !slices.Equal(eventIDs(tl), []string{"$invite", "$ban"}) {
+			t.Fatalf("timeline %v limited %v %v", eventIDs(tl), limited, err)
+		}
+		if a, err := s.RoomAlias(ctx, "#r:x"); err != nil || a.RoomID != "!r:x" || a.Creator != "@a:x" {
+			t.Fatalf("alias %+v %v", a, err)
+		}
+	})
+}
