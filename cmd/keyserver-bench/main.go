@@ -752,7 +752,10 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 
 // serveFixed answers the workload's requests with fixed bodies and no
 // work: the ceiling any server can reach with this tool on this machine.
-func serveFixed(addr string) error {
+func serveFixed(addr string) error { return http.ListenAndServe(addr, fixedHandler()) }
+
+// fixedHandler is the server of fixed answers.
+func fixedHandler() http.Handler {
 	var n atomic.Int64
 	answer := func(body string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -790,6 +793,14 @@ func serveFixed(addr string) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"one_time_keys": keys, "failures": map[string]any{}})
 	})
+	var roomN atomic.Int64
+	mux.HandleFunc("POST /_matrix/client/v3/createRoom", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"room_id":"!r%d:fixed"}`, roomN.Add(1))
+	})
+	mux.HandleFunc("POST /_matrix/client/v3/rooms/{room}/join", answer(`{"room_id":"!r1:fixed"}`))
+	mux.HandleFunc("PUT /_matrix/client/v3/rooms/{room}/send/{type}/{txn}", answer(`{"event_id":"$fixed"}`))
 	mux.HandleFunc("GET /health", answer(`{"status":"ok"}`))
-	return http.ListenAndServe(addr, mux)
+	return mux
 }

@@ -208,3 +208,26 @@ func TestMetricValue(t *testing.T) {
 		t.Fatal("an absent metric was read")
 	}
 }
+
+// The server of fixed answers answers every phase the tool runs, so that
+// the ceiling is measured for each.
+func TestFixedServerAnswersEveryPhase(t *testing.T) {
+	srv := httptest.NewServer(fixedHandler())
+	defer srv.Close()
+	var phases []string
+	for name := range (&bench{}).ops() {
+		phases = append(phases, name)
+	}
+	slices.Sort(phases)
+	var out bytes.Buffer
+	o := options{urls: []string{srv.URL}, users: 3, devices: 1, otks: 2, clients: 2, queryUsers: 2, upload: 2,
+		duration: 100 * time.Millisecond, phases: strings.Join(phases, ","), seed: 1, claimStock: 10}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] != "phase" && (f[6] != "0" || f[1] == "0") {
+			t.Fatalf("a phase without answers or with errors: %s\n%s", line, out.String())
+		}
+	}
+}
