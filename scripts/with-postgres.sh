@@ -7,6 +7,10 @@
 #   cluster is created in a temporary directory, listening only on a Unix
 #   socket there, and removed afterwards. Nothing on the machine is changed.
 #   As root the cluster runs as the "postgres" user (PostgreSQL refuses root).
+#   It runs without fsync, as a test cluster need not survive a crash;
+#   KEYSERVER_PG_DURABLE=1 keeps PostgreSQL's durable defaults (fsync,
+#   synchronous_commit and full_page_writes on), as benchmarks want.
+#   KEYSERVER_TEST_POSTGRES_DATA is set to its data directory.
 # - Otherwise the command runs without it: the PostgreSQL tests are skipped
 #   with a message, or fail when CI is set.
 set -euo pipefail
@@ -44,10 +48,15 @@ trap cleanup EXIT
 "${as_pg[@]}" "$bindir/initdb" -D "$dir/data" -U postgres --auth=trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 ||
   { cat "$dir/initdb.log" >&2; exit 1; }
 # fsync off: a test cluster that is thrown away need not survive a crash.
+durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+if [ "${KEYSERVER_PG_DURABLE:-}" = 1 ]; then
+  durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+fi
 "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-  -o "-k $dir -c listen_addresses= -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" start >/dev/null ||
+  -o "-k $dir -c listen_addresses= $durability -c max_connections=300" start >/dev/null ||
   { cat "$dir/server.log" >&2; exit 1; }
 
 export KEYSERVER_TEST_POSTGRES="postgres:///postgres?host=$dir&user=postgres&sslmode=disable"
-echo "with-postgres: throwaway PostgreSQL at $dir" >&2
+export KEYSERVER_TEST_POSTGRES_DATA="$dir/data"
+echo "with-postgres: throwaway PostgreSQL at $dir ($durability)" >&2
 "$@"

@@ -10,7 +10,12 @@
 // on request, the room phases room-create, room-join and room-send.
 // It checks
 // what it measures: no claimed key may be handed out twice, and a sample of
-// queried device keys must carry valid signatures.
+// queried device keys must carry valid signatures. Claims that find no
+// key are counted apart from the rate. Given the daemons' PIDs (and a
+// local PostgreSQL's data directory) it reports their CPU time per
+// request. The clients may be spread over several daemons (-url a,b,c).
+// The sync phase (sync.go) holds thousands of waiting /sync requests and
+// measures what one device change wakes.
 package main
 
 import (
@@ -41,7 +46,7 @@ import (
 )
 
 type options struct {
-	url                         string
+	urls                        []string // client API base URLs, clients spread over them
 	users, devices, otks        int
 	clients, queryUsers, upload int
 	duration                    time.Duration
@@ -49,11 +54,25 @@ type options struct {
 	seed                        uint64
 	presign                     int
 	keyCap                      int
+	claimStock                  int
+	pids                        []int  // the daemons' processes, for their CPU time
+	postgresData                string // data directory of a local PostgreSQL cluster, for its CPU time
+	metricsURLs                 []string
+	adminToken                  string
+	syncWaiters, syncRoom       int
+	syncTimeout, syncGrace      time.Duration
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.url, "url", "http://127.0.0.1:8008", "client API base URL")
+	urls := flag.String("url", "http://127.0.0.1:8008", "client API base URL, or several separated by commas (daemons sharing "+
+		"one database): client i sends to URL i modulo their number, so rates are the aggregate")
+	pids := flag.String("pid", "", "process IDs of the daemons measured, separated by commas: each phase then reports their CPU time "+
+		"per request (from /proc)")
+	flag.StringVar(&o.postgresData, "postgres-data", "", "data `directory` of the PostgreSQL cluster the daemons use, when it runs "+
+		"on this machine: each phase then reports its CPU time per request too")
+	flag.IntVar(&o.claimStock, "claim-stock", 300, "before the first claim or mixed phase, every device is topped up to this many "+
+		"one-time keys, so that claims find keys; 0 leaves the set-up keys (at most key-cap)")
 	flag.IntVar(&o.users, "users", 200, "users to register")
 	flag.IntVar(&o.devices, "devices", 2, "devices per user")
 	flag.IntVar(&o.otks, "otks", 50, "one-time keys uploaded per device at set-up")
@@ -63,15 +82,35 @@ func main() {
 	flag.IntVar(&o.queryUsers, "query-users", 20, "users named in each /keys/query")
 	flag.IntVar(&o.upload, "upload-keys", 5, "one-time keys in each upload of the upload phase")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each phase")
-	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order; "+
-		"also room-create, room-join and room-send")
+	flag.StringVar(&o.phases, "phases", "query,claim,upload,mixed", "phases to run, in order: query, claim, upload, mixed, "+
+		"room-create, room-join, room-send, and sync (thousands of waiting /sync requests and one device change; "+
+		"needs -admin-token)")
 	flag.IntVar(&o.presign, "presign", 60, "upload-phase bodies signed per device before the phases start, so that "+
 		"the tool's CPU during a phase goes to sending requests; more are signed as they are sent")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random choices (the workload is reproducible)")
 	fixed := flag.String("serve-fixed", "", "instead of measuring, serve fixed answers without a database on this `address`: "+
 		"measuring that server gives the ceiling set by the tool itself on this machine")
 	cpuProfile := flag.String("cpuprofile", "", "write the tool's own CPU profile to this `file`, to see what bounds it")
+	metricsURLs := flag.String("metrics-url", "", "the daemons' Prometheus /metrics URLs, separated by commas: the sync phase "+
+		"reads from them when every request waits and how many database statements a change costs")
+	flag.StringVar(&o.adminToken, "admin-token", "", "the daemons' admin token: the sync phase puts users in a room with it")
+	flag.IntVar(&o.syncWaiters, "sync-waiters", 10000, "sync phase: users with a waiting /sync, each on its own connection")
+	flag.IntVar(&o.syncRoom, "sync-room", 100, "sync phase: waiters sharing a room with the user whose device changes")
+	flag.DurationVar(&o.syncTimeout, "sync-timeout", time.Minute, "sync phase: timeout of the waiting requests "+
+		"(the daemon caps it at its client_api.sync_max_timeout), and longest wait for the room's answers")
+	flag.DurationVar(&o.syncGrace, "sync-grace", 2*time.Second, "sync phase: how long, after the room's answers, to watch for "+
+		"other waiters waking")
 	flag.Parse()
+	for _, u := range strings.Split(*metricsURLs, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			o.metricsURLs = append(o.metricsURLs, u)
+		}
+	}
+	var err error
+	if o.urls, o.pids, err = parseTargets(*urls, *pids); err != nil {
+		fmt.Fprintln(os.Stderr, "keyserver-bench:", err)
+		os.Exit(2)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -136,11 +175,12 @@ type bench struct {
 	verified  atomic.Int64
 	badSigs   atomic.Int64
 
+	cpu  cpuMeter
 	pool *roomPool // the rooms of the room phases (see rooms.go)
 }
 
 func run(ctx context.Context, o options, out io.Writer) error {
-	b := &bench{o: o, claimed: map[string]bool{}, http: &http.Client{
+	b := &bench{o: o, claimed: map[string]bool{}, cpu: cpuMeter{pids: o.pids, postgresData: o.postgresData}, http: &http.Client{
 		Timeout:   30 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: o.clients * 2, MaxConnsPerHost: o.clients * 2},
 	}}
@@ -156,19 +196,47 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	var results []phaseResult
+	var syncRes *syncResult
+	stocked := false
 	for _, name := range strings.Split(o.phases, ",") {
+		if name == "sync" {
+			if o.adminToken == "" {
+				// As against the server of fixed answers, which has no /sync.
+				fmt.Fprintln(out, "sync: skipped: it puts users in a room through the admin API, give -admin-token")
+				continue
+			}
+			r, err := b.syncPhase(ctx, out)
+			if err != nil {
+				return err
+			}
+			syncRes = &r
+			continue
+		}
 		op, ok := b.ops()[name]
 		if !ok {
 			return fmt.Errorf("unknown phase %q", name)
 		}
-		results = append(results, b.phase(ctx, name, op, out))
+		if (name == "claim" || name == "mixed") && !stocked && o.claimStock > 0 {
+			stocked = true
+			t := time.Now()
+			if err := b.stock(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "claim stock: every device topped up to %d one-time keys in %s\n", o.claimStock,
+				time.Since(t).Round(time.Millisecond))
+		}
+		r, err := b.phase(ctx, name, op, out)
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\terrors\t")
-	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t\n", r.name, r.requests, r.rate, r.p50, r.p90, r.p99, r.errors)
+	if len(results) > 0 {
+		printResults(out, results, o)
 	}
-	tw.Flush()
+	if syncRes != nil {
+		syncRes.print(out, o.syncGrace)
+	}
 	fmt.Fprintf(out, "keys handed out twice: %d; device signatures checked: %d, bad: %d\n",
 		b.twice.Load(), b.verified.Load(), b.badSigs.Load())
 	if b.twice.Load() > 0 || b.badSigs.Load() > 0 {
@@ -177,9 +245,28 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	return nil
 }
 
+// printResults prints the table of the phases, the empty claims, and the
+// CPU time per request when it was measured.
+func printResults(out io.Writer, results []phaseResult, o options) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\terrors\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t\n", r.name, r.requests, r.rate, r.p50, r.p90, r.p99, r.errors)
+	}
+	tw.Flush()
+	empty := 0
+	for _, r := range results {
+		empty += r.empty
+	}
+	fmt.Fprintf(out, "claims that found no key (not in requests or req/s): %d\n", empty)
+	if len(o.pids) > 0 || o.postgresData != "" {
+		printCPU(out, results, len(o.pids))
+	}
+}
+
 // do sends a JSON request (a value to encode, or []byte sent as it is) and
 // decodes a 200 answer.
-func (b *bench) do(ctx context.Context, method, path, token string, body, out any) error {
+func (b *bench) do(ctx context.Context, base, method, path, token string, body, out any) error {
 	var rd io.Reader
 	if raw, ok := body.([]byte); ok {
 		rd = bytes.NewReader(raw)
@@ -190,7 +277,7 @@ func (b *bench) do(ctx context.Context, method, path, token string, body, out an
 		}
 		rd = bytes.NewReader(js)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(b.o.url, "/")+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(base, "/")+path, rd)
 	if err != nil {
 		return err
 	}
@@ -270,7 +357,7 @@ func (b *bench) setup(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				devices, err := b.setupUser(ctx, fmt.Sprintf("%s_%d", prefix, i))
+				devices, err := b.setupUser(ctx, b.o.urls[i%len(b.o.urls)], fmt.Sprintf("%s_%d", prefix, i))
 				if err != nil {
 					errc <- err
 					return
@@ -329,7 +416,7 @@ func (b *bench) presign() {
 	wg.Wait()
 }
 
-func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
+func (b *bench) setupUser(ctx context.Context, base, name string) ([]*device, error) {
 	var out []*device
 	password := "bench-" + name
 	for i := 0; i < b.o.devices; i++ {
@@ -340,10 +427,10 @@ func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
 		}
 		var err error
 		if i == 0 {
-			err = b.do(ctx, "POST", "/_matrix/client/v3/register", "", map[string]any{
+			err = b.do(ctx, base, "POST", "/_matrix/client/v3/register", "", map[string]any{
 				"username": name, "password": password, "auth": map[string]string{"type": "m.login.dummy"}}, &r)
 		} else {
-			err = b.do(ctx, "POST", "/_matrix/client/v3/login", "", map[string]any{"type": "m.login.password",
+			err = b.do(ctx, base, "POST", "/_matrix/client/v3/login", "", map[string]any{"type": "m.login.password",
 				"identifier": map[string]string{"type": "m.id.user", "user": name}, "password": password}, &r)
 		}
 		if err != nil {
@@ -359,7 +446,7 @@ func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
 			"keys":       map[string]string{"curve25519:" + d.deviceID: b64(curve), "ed25519:" + d.deviceID: b64(priv.Public().(ed25519.PublicKey))},
 		}, d)
 		var counts uploadCounts
-		if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token,
+		if err := b.do(ctx, base, "POST", "/_matrix/client/v3/keys/upload", d.token,
 			map[string]any{"device_keys": keys, "one_time_keys": d.oneTimeKeys(b.o.otks)}, &counts); err != nil {
 			return nil, err
 		}
@@ -369,26 +456,34 @@ func (b *bench) setupUser(ctx context.Context, name string) ([]*device, error) {
 	return out, nil
 }
 
-// op is one request of a phase, by a client with its random source.
-type op func(ctx context.Context, rng *mrand.Rand) error
+// client is one of a phase's concurrent clients: its random source and
+// the server it sends to.
+type client struct {
+	rng *mrand.Rand
+	url string
+}
+
+// op is one request of a phase, by a client.
+type op func(ctx context.Context, c *client) error
 
 func (b *bench) ops() map[string]op {
 	m := map[string]op{"query": b.query, "claim": b.claim, "upload": b.uploadKeys,
 		"room-create": b.roomCreate, "room-join": b.roomJoin, "room-send": b.roomSend}
-	m["mixed"] = func(ctx context.Context, rng *mrand.Rand) error {
-		switch n := rng.IntN(10); {
+	m["mixed"] = func(ctx context.Context, c *client) error {
+		switch n := c.rng.IntN(10); {
 		case n < 8:
-			return b.query(ctx, rng)
+			return b.query(ctx, c)
 		case n < 9:
-			return b.claim(ctx, rng)
+			return b.claim(ctx, c)
 		default:
-			return b.uploadKeys(ctx, rng)
+			return b.uploadKeys(ctx, c)
 		}
 	}
 	return m
 }
 
-func (b *bench) query(ctx context.Context, rng *mrand.Rand) error {
+func (b *bench) query(ctx context.Context, c *client) error {
+	rng := c.rng
 	d := b.devices[rng.IntN(len(b.devices))]
 	users := map[string][]string{}
 	for len(users) < min(b.o.queryUsers, len(b.users)) {
@@ -404,7 +499,7 @@ func (b *bench) query(ctx context.Context, rng *mrand.Rand) error {
 	if sample {
 		out = &r
 	}
-	if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/query", d.token, map[string]any{"device_keys": users}, out); err != nil {
+	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/query", d.token, map[string]any{"device_keys": users}, out); err != nil {
 		return err
 	}
 	if sample { // check every signature of this answer
@@ -434,17 +529,26 @@ func validSelfSignature(userID, deviceID string, raw json.RawMessage) bool {
 	return gomatrixserverlib.VerifyJSON(userID, gomatrixserverlib.KeyID("ed25519:"+deviceID), pub, raw) == nil
 }
 
-func (b *bench) claim(ctx context.Context, rng *mrand.Rand) error {
-	claimer := b.devices[rng.IntN(len(b.devices))]
-	target := b.devices[rng.IntN(len(b.devices))]
+// errEmptyClaim is a claim answered without a key: counted apart, not in
+// the phase's rate.
+var errEmptyClaim = errors.New("claim found no key")
+
+func (b *bench) claim(ctx context.Context, c *client) error {
+	claimer := b.devices[c.rng.IntN(len(b.devices))]
+	target := b.deviceWithKeys(c.rng)
 	var r struct {
 		OneTimeKeys map[string]map[string]map[string]json.RawMessage `json:"one_time_keys"`
 	}
-	if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/claim", claimer.token, map[string]any{
+	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/claim", claimer.token, map[string]any{
 		"one_time_keys": map[string]any{target.userID: map[string]string{target.deviceID: "signed_curve25519"}}}, &r); err != nil {
 		return err
 	}
-	for id := range r.OneTimeKeys[target.userID][target.deviceID] {
+	keys := r.OneTimeKeys[target.userID][target.deviceID]
+	if len(keys) == 0 {
+		return errEmptyClaim
+	}
+	target.unclaimed.Add(-1)
+	for id := range keys {
 		k := target.userID + "|" + target.deviceID + "|" + id
 		b.claimedMu.Lock()
 		if b.claimed[k] {
@@ -454,6 +558,53 @@ func (b *bench) claim(ctx context.Context, rng *mrand.Rand) error {
 		b.claimedMu.Unlock()
 	}
 	return nil
+}
+
+// deviceWithKeys picks a random device, or the next one after it that
+// has a one-time key left as far as the tool knows (it is the only
+// claimer); the random one if none has.
+func (b *bench) deviceWithKeys(rng *mrand.Rand) *device {
+	first := rng.IntN(len(b.devices))
+	for j := range b.devices {
+		if d := b.devices[(first+j)%len(b.devices)]; d.unclaimed.Load() > 0 {
+			return d
+		}
+	}
+	return b.devices[first]
+}
+
+// stock tops every device up to claim-stock one-time keys, so that the
+// claims of the phases that follow find keys.
+func (b *bench) stock(ctx context.Context) error {
+	const perUpload = 50
+	next := atomic.Int64{}
+	errc := make(chan error, b.o.clients)
+	var wg sync.WaitGroup
+	for w := 0; w < b.o.clients; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(b.devices); i = int(next.Add(1) - 1) {
+				d := b.devices[i]
+				for need := int64(b.o.claimStock) - d.unclaimed.Load(); need > 0; need -= perUpload {
+					var counts uploadCounts
+					if err := b.do(ctx, b.o.urls[i%len(b.o.urls)], "POST", "/_matrix/client/v3/keys/upload", d.token,
+						d.signedUpload(int(min(need, perUpload))), &counts); err != nil {
+						errc <- err
+						return
+					}
+					d.unclaimed.Store(counts.OneTimeKeyCounts["signed_curve25519"])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("claim stock: %w", err)
+	default:
+		return nil
+	}
 }
 
 // deviceWithRoom picks a random device, or the next one after it that has
@@ -479,10 +630,10 @@ type uploadCounts struct {
 // would otherwise reach the cap within a phase, which no client does (it
 // uploads when its count runs low). When no device has room the upload
 // goes ahead, and its refusal counts as an error.
-func (b *bench) uploadKeys(ctx context.Context, rng *mrand.Rand) error {
-	d := b.deviceWithRoom(rng, b.o.upload)
+func (b *bench) uploadKeys(ctx context.Context, c *client) error {
+	d := b.deviceWithRoom(c.rng, b.o.upload)
 	var counts uploadCounts
-	if err := b.do(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
+	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
 		return err
 	}
 	if n, ok := counts.OneTimeKeyCounts["signed_curve25519"]; ok {
@@ -494,16 +645,40 @@ func (b *bench) uploadKeys(ctx context.Context, rng *mrand.Rand) error {
 type phaseResult struct {
 	name             string
 	requests, errors int
+	empty            int // claims answered without a key: not in requests or rate
 	rate             float64
 	p50, p90, p99    float64 // milliseconds
+	// CPU time per request answered (empty claims included) in µs, of the
+	// daemons and of PostgreSQL; -1 when not measured.
+	daemonCPU, postgresCPU float64
+}
+
+// printCPU prints the CPU time per request of each phase.
+func printCPU(out io.Writer, results []phaseResult, daemons int) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "phase\tdaemon CPU µs/req (%d)\tPostgreSQL CPU µs/req\t\n", daemons)
+	us := func(v float64) string {
+		if v < 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", v)
+	}
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", r.name, us(r.daemonCPU), us(r.postgresCPU))
+	}
+	tw.Flush()
 }
 
 // phase runs op from every client for the phase's duration, printing a
 // progress line each second.
-func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) phaseResult {
+func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (phaseResult, error) {
+	cpuBefore, err := b.cpu.read()
+	if err != nil {
+		return phaseResult{}, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, b.o.duration)
 	defer cancel()
-	var done, failed atomic.Int64
+	var done, failed, empty atomic.Int64
 	lat := make([][]time.Duration, b.o.clients)
 	firstErr := atomic.Value{}
 	var wg sync.WaitGroup
@@ -512,12 +687,16 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) ph
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := mrand.New(mrand.NewPCG(b.o.seed, uint64(c)+uint64(len(name))<<32))
+			cl := &client{rng: mrand.New(mrand.NewPCG(b.o.seed, uint64(c)+uint64(len(name))<<32)), url: b.o.urls[c%len(b.o.urls)]}
 			for ctx.Err() == nil {
 				t := time.Now()
-				err := op(ctx, rng)
+				err := op(ctx, cl)
 				if ctx.Err() != nil {
 					return // cut off by the end of the phase: not counted
+				}
+				if errors.Is(err, errEmptyClaim) {
+					empty.Add(1)
+					continue
 				}
 				lat[c] = append(lat[c], time.Since(t))
 				done.Add(1)
@@ -543,6 +722,10 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) ph
 	}()
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpuAfter, err := b.cpu.read()
+	if err != nil {
+		return phaseResult{}, err
+	}
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
@@ -557,13 +740,22 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) ph
 	if e, ok := firstErr.Load().(string); ok {
 		fmt.Fprintf(out, "  %s: first error: %s\n", name, e)
 	}
-	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), rate: float64(len(all)) / elapsed.Seconds(),
-		p50: pct(0.50), p90: pct(0.90), p99: pct(0.99)}
+	if n := empty.Load(); n > 0 {
+		fmt.Fprintf(out, "  %s: %d claims found no key (not counted in the rate)\n", name, n)
+	}
+	answered := len(all) + int(empty.Load())
+	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), empty: int(empty.Load()),
+		rate: float64(len(all)) / elapsed.Seconds(), p50: pct(0.50), p90: pct(0.90), p99: pct(0.99),
+		daemonCPU:   perRequest(cpuBefore.daemons, cpuAfter.daemons, answered),
+		postgresCPU: perRequest(cpuBefore.postgres, cpuAfter.postgres, answered)}, nil
 }
 
 // serveFixed answers the workload's requests with fixed bodies and no
 // work: the ceiling any server can reach with this tool on this machine.
-func serveFixed(addr string) error {
+func serveFixed(addr string) error { return http.ListenAndServe(addr, fixedHandler()) }
+
+// fixedHandler is the server of fixed answers.
+func fixedHandler() http.Handler {
 	var n atomic.Int64
 	answer := func(body string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -582,7 +774,33 @@ func serveFixed(addr string) error {
 	mux.HandleFunc("POST /_matrix/client/v3/login", login)
 	mux.HandleFunc("POST /_matrix/client/v3/keys/upload", answer(`{"one_time_key_counts":{"signed_curve25519":50}}`))
 	mux.HandleFunc("POST /_matrix/client/v3/keys/query", answer(`{"device_keys":{},"failures":{}}`))
-	mux.HandleFunc("POST /_matrix/client/v3/keys/claim", answer(`{"one_time_keys":{},"failures":{}}`))
+	// A claim gets one key per device named, each with a new ID, as a
+	// server with keys to spare answers: decoding the small request is
+	// part of the floor.
+	var keyID atomic.Int64
+	mux.HandleFunc("POST /_matrix/client/v3/keys/claim", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			OneTimeKeys map[string]map[string]string `json:"one_time_keys"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		keys := map[string]map[string]map[string]any{}
+		for u, devices := range req.OneTimeKeys {
+			keys[u] = map[string]map[string]any{}
+			for d, alg := range devices {
+				keys[u][d] = map[string]any{fmt.Sprintf("%s:F%d", alg, keyID.Add(1)): map[string]string{"key": "fixed"}}
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"one_time_keys": keys, "failures": map[string]any{}})
+	})
+	var roomN atomic.Int64
+	mux.HandleFunc("POST /_matrix/client/v3/createRoom", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"room_id":"!r%d:fixed"}`, roomN.Add(1))
+	})
+	mux.HandleFunc("POST /_matrix/client/v3/rooms/{room}/join", answer(`{"room_id":"!r1:fixed"}`))
+	mux.HandleFunc("PUT /_matrix/client/v3/rooms/{room}/send/{type}/{txn}", answer(`{"event_id":"$fixed"}`))
 	mux.HandleFunc("GET /health", answer(`{"status":"ok"}`))
-	return http.ListenAndServe(addr, mux)
+	return mux
 }

@@ -4,11 +4,24 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/daemon"
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -17,14 +30,19 @@ import (
 func TestBenchAgainstServer(t *testing.T) {
 	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
 	var out bytes.Buffer
-	o := options{url: srv.URL, users: 4, devices: 2, otks: 5, clients: 2, queryUsers: 3, upload: 2,
+	o := options{urls: []string{srv.URL}, users: 4, devices: 2, otks: 5, clients: 2, queryUsers: 3, upload: 2,
 		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed,room-create,room-join,room-send", seed: 1,
-		presign: 3} // few enough that uploads also sign keys as they go
+		presign:    3,                  // few enough that uploads also sign keys as they go
+		claimStock: 400,                // more than the claims of the phase: none comes back empty
+		pids:       []int{os.Getpid()}} // the server runs in this process
 	if err := run(context.Background(), o, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
+	t.Log(out.String())
 	for _, want := range []string{"set-up: 4 users, 8 devices", "query", "claim", "upload", "mixed",
-		"room-create", "room-join", "room-send", "keys handed out twice: 0"} {
+		"room-create", "room-join", "room-send", "keys handed out twice: 0",
+		"claim stock: every device topped up to 400", "claims that found no key (not in requests or req/s): 0\n",
+		"daemon CPU µs/req (1)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
@@ -59,5 +77,157 @@ func TestUploadsGoWhereThereIsRoom(t *testing.T) {
 	}
 	if len(seen) < 6 {
 		t.Fatalf("with every device full the pick stays random; %d of 8 devices picked", len(seen))
+	}
+}
+
+// Without a stock the claims run the devices dry: the empty answers are
+// counted apart and left out of the requests and the rate.
+func TestEmptyClaimsCountedApart(t *testing.T) {
+	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
+	var out bytes.Buffer
+	o := options{urls: []string{srv.URL}, users: 2, devices: 2, otks: 1, clients: 2, queryUsers: 2, upload: 2,
+		duration: 300 * time.Millisecond, phases: "claim", seed: 1}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var requests, empty int
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] == "claim" {
+			fmt.Sscan(f[1], &requests)
+		}
+		fmt.Sscanf(line, "claims that found no key (not in requests or req/s): %d", &empty)
+	}
+	if requests != 4 || empty == 0 {
+		t.Fatalf("4 keys in all: want 4 claims that found one and the rest empty, got %d and %d\n%s", requests, empty, out.String())
+	}
+}
+
+// Claims go to devices the tool knows to have keys left.
+func TestClaimsGoWhereThereAreKeys(t *testing.T) {
+	b := &bench{}
+	for i := 0; i < 8; i++ {
+		b.devices = append(b.devices, &device{deviceID: fmt.Sprint("D", i)})
+	}
+	b.devices[3].unclaimed.Store(1)
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	for range 50 {
+		if d := b.deviceWithKeys(rng); d != b.devices[3] {
+			t.Fatalf("picked %s, the only device with a key is D3", d.deviceID)
+		}
+	}
+}
+
+// Clients are spread over every URL given, and set-up too.
+func TestClientsSpreadOverURLs(t *testing.T) {
+	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
+	target, _ := url.Parse(srv.URL)
+	var urls []string
+	var counts [3]atomic.Int64
+	for i := range counts {
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			counts[i].Add(1)
+			proxy.ServeHTTP(w, r)
+		}))
+		t.Cleanup(front.Close)
+		urls = append(urls, front.URL)
+	}
+	var out bytes.Buffer
+	o := options{urls: urls, users: 3, devices: 1, otks: 2, clients: 3, queryUsers: 2, upload: 2,
+		duration: 200 * time.Millisecond, phases: "query", seed: 1}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for i := range counts {
+		if counts[i].Load() < 3 { // its user's registration and upload, and queries
+			t.Fatalf("URL %d got %d requests\n%s", i, counts[i].Load(), out.String())
+		}
+	}
+}
+
+func TestParseTargets(t *testing.T) {
+	urls, pids, err := parseTargets("http://a:1, http://b:2,", "12,34")
+	if err != nil || !slices.Equal(urls, []string{"http://a:1", "http://b:2"}) || !slices.Equal(pids, []int{12, 34}) {
+		t.Fatalf("got %v %v %v", urls, pids, err)
+	}
+	for _, bad := range [][2]string{{"", ""}, {"http://a", "x"}, {"http://a", "-3"}} {
+		if _, _, err := parseTargets(bad[0], bad[1]); err == nil {
+			t.Fatalf("%q %q accepted", bad[0], bad[1])
+		}
+	}
+}
+
+// The sync phase against a daemon: the waiters in the room wake with the
+// change, the others do not, and the daemon's memory and statements are
+// read.
+func TestSyncPhase(t *testing.T) {
+	cfg := config.Default()
+	cfg.DataDir = filepath.Join(t.TempDir(), "data")
+	cfg.Database = testutil.SQLite(t).URI
+	cfg.ClientAPI.Listen = "127.0.0.1:0"
+	cfg.Federation.Listen = "127.0.0.1:0"
+	cfg.Metrics.Listen = "127.0.0.1:0"
+	cfg.ClientAPI.BcryptCost = 4
+	cfg.ClientAPI.RegistrationRateLimit.PerSecond = 0
+	cfg.ClientAPI.MaxConnectionsPerAddress = 10 // below the waiters: they come from several addresses
+	cfg.AdminToken = "admin"
+	logger := logrus.New()
+	logger.SetOutput(io.Discard)
+	d, err := daemon.Start(context.Background(), cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Shutdown(context.Background())
+	var out bytes.Buffer
+	o := options{urls: []string{"http://" + d.ClientAddr()}, users: 2, devices: 1, otks: 1, clients: 4, queryUsers: 1, upload: 1,
+		phases: "sync", seed: 1, pids: []int{os.Getpid()}, metricsURLs: []string{"http://" + d.MetricsAddr() + "/metrics"},
+		adminToken: "admin", syncWaiters: 40, syncRoom: 7, syncTimeout: 30 * time.Second, syncGrace: 300 * time.Millisecond}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+	for _, want := range []string{"sync: 40 waiting /sync requests, 7 of them", "woke: 7 of 7 in the room, 0 others",
+		"KB per waiting request", "change to answer (ms): p50", "database statements per woken request: "} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, bad := range []string{"did not see the change", "failed waits"} {
+		if strings.Contains(out.String(), bad) {
+			t.Fatalf("output has %q:\n%s", bad, out.String())
+		}
+	}
+}
+
+func TestMetricValue(t *testing.T) {
+	text := "# HELP keyserver_sync_waiting x\nkeyserver_sync_waiting_other 3\nkeyserver_sync_waiting 42\n"
+	if v, err := metricValue(strings.NewReader(text), "keyserver_sync_waiting"); err != nil || v != 42 {
+		t.Fatalf("got %v %v", v, err)
+	}
+	if _, err := metricValue(strings.NewReader(text), "absent"); err == nil {
+		t.Fatal("an absent metric was read")
+	}
+}
+
+// The server of fixed answers answers every phase the tool runs, so that
+// the ceiling is measured for each.
+func TestFixedServerAnswersEveryPhase(t *testing.T) {
+	srv := httptest.NewServer(fixedHandler())
+	defer srv.Close()
+	var phases []string
+	for name := range (&bench{}).ops() {
+		phases = append(phases, name)
+	}
+	slices.Sort(phases)
+	var out bytes.Buffer
+	o := options{urls: []string{srv.URL}, users: 3, devices: 1, otks: 2, clients: 2, queryUsers: 2, upload: 2,
+		duration: 100 * time.Millisecond, phases: strings.Join(phases, ","), seed: 1, claimStock: 10}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] != "phase" && (f[6] != "0" || f[1] == "0") {
+			t.Fatalf("a phase without answers or with errors: %s\n%s", line, out.String())
+		}
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	mrand "math/rand/v2"
 	"net/url"
 	"strings"
 	"sync"
@@ -36,7 +35,7 @@ func (b *bench) setupRooms(ctx context.Context) error {
 	b.pool = &roomPool{members: map[string][]*device{}}
 	for i := 0; i < b.o.clients; i++ {
 		d := b.devices[(i*b.o.devices)%len(b.devices)]
-		id, err := b.createRoom(ctx, d)
+		id, err := b.createRoom(ctx, b.o.urls[i%len(b.o.urls)], d)
 		if err != nil {
 			return fmt.Errorf("room set-up: %w", err)
 		}
@@ -46,23 +45,24 @@ func (b *bench) setupRooms(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) createRoom(ctx context.Context, d *device) (string, error) {
+func (b *bench) createRoom(ctx context.Context, base string, d *device) (string, error) {
 	var r struct {
 		RoomID string `json:"room_id"`
 	}
-	err := b.do(ctx, "POST", "/_matrix/client/v3/createRoom", d.token, map[string]any{"preset": "public_chat"}, &r)
+	err := b.do(ctx, base, "POST", "/_matrix/client/v3/createRoom", d.token, map[string]any{"preset": "public_chat"}, &r)
 	return r.RoomID, err
 }
 
-func (b *bench) roomCreate(ctx context.Context, rng *mrand.Rand) error {
-	_, err := b.createRoom(ctx, b.devices[rng.IntN(len(b.devices))])
+func (b *bench) roomCreate(ctx context.Context, c *client) error {
+	_, err := b.createRoom(ctx, c.url, b.devices[c.rng.IntN(len(b.devices))])
 	return err
 }
 
-func (b *bench) roomJoin(ctx context.Context, rng *mrand.Rand) error {
+func (b *bench) roomJoin(ctx context.Context, c *client) error {
+	rng := c.rng
 	d := b.devices[rng.IntN(len(b.devices))]
 	room := b.pool.rooms[rng.IntN(len(b.pool.rooms))]
-	if err := b.do(ctx, "POST", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/join", d.token, map[string]any{}, nil); err != nil {
+	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/join", d.token, map[string]any{}, nil); err != nil {
 		return err
 	}
 	b.pool.mu.Lock()
@@ -71,13 +71,14 @@ func (b *bench) roomJoin(ctx context.Context, rng *mrand.Rand) error {
 	return nil
 }
 
-func (b *bench) roomSend(ctx context.Context, rng *mrand.Rand) error {
+func (b *bench) roomSend(ctx context.Context, c *client) error {
+	rng := c.rng
 	room := b.pool.rooms[rng.IntN(len(b.pool.rooms))]
 	b.pool.mu.Lock()
 	members := b.pool.members[room]
 	d := members[rng.IntN(len(members))]
 	b.pool.mu.Unlock()
 	txn := fmt.Sprintf("bench%d", b.pool.txn.Add(1))
-	return b.do(ctx, "PUT", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/send/m.room.message/"+txn, d.token,
+	return b.do(ctx, c.url, "PUT", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/send/m.room.message/"+txn, d.token,
 		map[string]any{"msgtype": "m.text", "body": "hello " + txn}, nil)
 }

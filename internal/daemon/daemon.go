@@ -96,6 +96,12 @@ func (d *Daemon) startMetrics(cfg *config.Config) error {
 	gauge("keyserver_sync_waiting", "Users with a /sync request waiting for news.", func(context.Context) (float64, error) {
 		return float64(d.ks.WaitingSyncs()), nil
 	})
+	// Statements per request, measured from outside (keyserver-bench reads
+	// it around a phase): the cost the database sees, whatever the dialect.
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "keyserver_database_statements_total",
+		Help: "Statements sent to the database, transaction begins and ends included."}, func() float64 {
+		return float64(d.store.StatementsSent())
+	}))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{metrics.Registry, reg}, promhttp.HandlerOpts{}))
 	if cfg.Metrics.PProf {

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -187,6 +188,25 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	// The statement counter moves with the requests that reach the database.
+	statements := func() int64 {
+		var n int64
+		for _, line := range strings.Split(get("http://"+d.MetricsAddr()+"/metrics"), "\n") {
+			if v, ok := strings.CutPrefix(line, "keyserver_database_statements_total "); ok {
+				if _, err := fmt.Sscan(v, &n); err != nil {
+					t.Fatalf("%q: %v", line, err)
+				}
+				return n
+			}
+		}
+		t.Fatal("metrics lack keyserver_database_statements_total")
+		return 0
+	}
+	before := statements()
+	post(t, base+"/register", map[string]any{"username": "bob", "password": "pw", "auth": map[string]string{"type": "m.login.dummy"}})
+	if after := statements(); after <= before || before <= 0 {
+		t.Fatalf("statements went from %d to %d over a registration", before, after)
 	}
 	get("http://" + d.MetricsAddr() + "/debug/pprof/")
 }
