@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -139,7 +140,7 @@ func (f *fakeQueue) AcquireDestination(ctx context.Context, dest, owner string, 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failing["AcquireDestination"] {
-		return false, errDBDown
+		return false, workertest.ErrDBDown
 	}
 	if l, ok := f.leases[dest]; ok && l.owner != owner && l.expires >= now {
 		return false, nil

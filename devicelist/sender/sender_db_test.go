@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/keyserver/keyserver/fedclient"
@@ -18,7 +17,6 @@ import (
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
-	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
 // recordingTransport captures transactions and fails while told to.
@@ -186,73 +184,20 @@ func (l *leaseCounter) AcquireDestination(ctx context.Context, dest, owner strin
 	return l.Database.AcquireDestination(ctx, dest, owner, now, expires)
 }
 
-var errDBDown = errors.New("database is down")
-
 // failingDB is a database whose chosen methods fail, as they would while
 // the database server is unreachable; the others work.
 type failingDB struct {
 	storage.Database
-	mu      sync.Mutex
-	failing map[string]bool
-	calls   map[string]int
+	workertest.Faults
 }
 
-func newFailingDB(db storage.Database) *failingDB {
-	return &failingDB{Database: db, failing: map[string]bool{}, calls: map[string]int{}}
-}
-
-func (f *failingDB) setFailing(ops ...string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.failing = map[string]bool{}
-	for _, op := range ops {
-		f.failing[op] = true
-	}
-}
-
-func (f *failingDB) called(op string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.calls[op]
-}
-
-func (f *failingDB) fail(op string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls[op]++
-	if f.failing[op] {
-		return errDBDown
-	}
-	return nil
-}
+func newFailingDB(db storage.Database) *failingDB { return &failingDB{Database: db} }
 
 func (f *failingDB) ReleaseDestination(ctx context.Context, dest, owner string) error {
-	if err := f.fail("ReleaseDestination"); err != nil {
+	if err := f.Fail("ReleaseDestination"); err != nil {
 		return err
 	}
 	return f.Database.ReleaseDestination(ctx, dest, owner)
-}
-
-// warnings lists the warning lines logged with msg about errDBDown, and
-// the "suppressed" count of each.
-func warnings(hook *logtest.Hook, msg string) []any {
-	var out []any
-	for _, e := range hook.AllEntries() {
-		if e.Level == logrus.WarnLevel && e.Message == msg && errors.Is(e.Data[logrus.ErrorKey].(error), errDBDown) {
-			out = append(out, e.Data["suppressed"])
-		}
-	}
-	return out
-}
-
-func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
-	t.Helper()
-	s, err := sqlstore.Open(context.Background(), db.URI, "local.test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // A lease the sender cannot give back is logged, once a minute.
@@ -260,7 +205,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		store := openTestDB(t, tdb)
+		store := workertest.Open(t, tdb)
 		alice := "@alice:local.test"
 		if _, err := store.CreateAccount(ctx, alice, "x", nil); err != nil {
 			t.Fatal(err)
@@ -276,7 +221,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 			}
 		}
 		db := newFailingDB(store)
-		db.setFailing("ReleaseDestination")
+		db.SetFailing("ReleaseDestination")
 		clk := clock.NewFake()
 		log, hook := logtest.NewNullLogger()
 		tr := &recordingTransport{}
@@ -293,15 +238,15 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 			sender.Poke()
 			workertest.WaitUntil(t, "delivery", func() bool {
 				_, d := tr.counts()
-				return d == n && db.called("ReleaseDestination") >= n && sender.Busy() == 0
+				return d == n && db.Called("ReleaseDestination") >= n && sender.Busy() == 0
 			})
 		}
 		deliver("D1", 1)
-		if w := warnings(hook, "releasing a destination's lease"); len(w) != 1 {
+		if w := workertest.Warnings(hook, "releasing a destination's lease"); len(w) != 1 {
 			t.Fatalf("warnings %v, want 1", w)
 		}
 		deliver("D2", 2)
-		if w := warnings(hook, "releasing a destination's lease"); len(w) != 1 {
+		if w := workertest.Warnings(hook, "releasing a destination's lease"); len(w) != 1 {
 			t.Fatalf("repeated error logged again: %v", w)
 		}
 		clk.Advance(time.Minute)
@@ -309,7 +254,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 		// A worker may give the lease back more than once per delivery
 		// (when woken again before it goes), so the count is at least the
 		// one of the second delivery.
-		if w := warnings(hook, "releasing a destination's lease"); len(w) != 2 || w[1] == nil || w[1].(int) < 1 {
+		if w := workertest.Warnings(hook, "releasing a destination's lease"); len(w) != 2 || w[1] == nil || w[1].(int) < 1 {
 			t.Fatalf("after a minute: %v, want a second line counting those left out", w)
 		}
 	})

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/keyserver/keyserver/fedclient"
@@ -16,7 +15,6 @@ import (
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
-	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
 // Users of one server are resynced one at a time; servers in different
@@ -154,94 +152,41 @@ func TestUpdaterBackoff(t *testing.T) {
 	}
 }
 
-var errDBDown = errors.New("database is down")
-
 // failingDB is a database whose chosen methods fail, as they would while
 // the database server is unreachable; the others work.
 type failingDB struct {
 	storage.Database
-	mu      sync.Mutex
-	failing map[string]bool
-	calls   map[string]int
+	workertest.Faults
 }
 
-func newFailingDB(db storage.Database) *failingDB {
-	return &failingDB{Database: db, failing: map[string]bool{}, calls: map[string]int{}}
-}
-
-func (f *failingDB) setFailing(ops ...string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.failing = map[string]bool{}
-	for _, op := range ops {
-		f.failing[op] = true
-	}
-}
-
-func (f *failingDB) called(op string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.calls[op]
-}
-
-func (f *failingDB) fail(op string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls[op]++
-	if f.failing[op] {
-		return errDBDown
-	}
-	return nil
-}
+func newFailingDB(db storage.Database) *failingDB { return &failingDB{Database: db} }
 
 func (f *failingDB) StaleEntry(ctx context.Context, userID string) (storage.StaleUser, bool, error) {
-	if err := f.fail("StaleEntry"); err != nil {
+	if err := f.Fail("StaleEntry"); err != nil {
 		return storage.StaleUser{}, false, err
 	}
 	return f.Database.StaleEntry(ctx, userID)
 }
 
 func (f *failingDB) RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error {
-	if err := f.fail("RescheduleStale"); err != nil {
+	if err := f.Fail("RescheduleStale"); err != nil {
 		return err
 	}
 	return f.Database.RescheduleStale(ctx, userID, attempts, retryAt)
 }
 
 func (f *failingDB) DeferServer(ctx context.Context, serverName string, until int64) error {
-	if err := f.fail("DeferServer"); err != nil {
+	if err := f.Fail("DeferServer"); err != nil {
 		return err
 	}
 	return f.Database.DeferServer(ctx, serverName, until)
 }
 
 func (f *failingDB) RetryServerNow(ctx context.Context, serverName string) error {
-	if err := f.fail("RetryServerNow"); err != nil {
+	if err := f.Fail("RetryServerNow"); err != nil {
 		return err
 	}
 	return f.Database.RetryServerNow(ctx, serverName)
-}
-
-// warnings lists the warning lines logged with msg about errDBDown, and
-// the "suppressed" count of each.
-func warnings(hook *logtest.Hook, msg string) []any {
-	var out []any
-	for _, e := range hook.AllEntries() {
-		if e.Level == logrus.WarnLevel && e.Message == msg && errors.Is(e.Data[logrus.ErrorKey].(error), errDBDown) {
-			out = append(out, e.Data["suppressed"])
-		}
-	}
-	return out
-}
-
-func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
-	t.Helper()
-	s, err := sqlstore.Open(context.Background(), db.URI, "local.test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // The updater's database errors are logged, once a minute per kind with
@@ -249,7 +194,7 @@ func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
 func TestUpdaterLogsDatabaseErrors(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
 		ctx := context.Background()
-		store := openTestDB(t, tdb)
+		store := workertest.Open(t, tdb)
 		db := newFailingDB(store)
 		clk := clock.NewFake()
 		log, hook := logtest.NewNullLogger()
@@ -263,51 +208,51 @@ func TestUpdaterLogsDatabaseErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		db.setFailing("StaleEntry")
+		db.SetFailing("StaleEntry")
 		u.resyncOne(ctx, user)
-		if w := warnings(hook, "reading a stale device list"); len(w) != 1 || resyncs != 0 {
+		if w := workertest.Warnings(hook, "reading a stale device list"); len(w) != 1 || resyncs != 0 {
 			t.Fatalf("StaleEntry failing: warnings %v, %d resyncs", w, resyncs)
 		}
 
-		db.setFailing("RescheduleStale")
+		db.SetFailing("RescheduleStale")
 		u.resyncOne(ctx, user)
-		if w := warnings(hook, "rescheduling a stale device list"); len(w) != 1 || resyncs != 1 {
+		if w := workertest.Warnings(hook, "rescheduling a stale device list"); len(w) != 1 || resyncs != 1 {
 			t.Fatalf("RescheduleStale failing: warnings %v, %d resyncs", w, resyncs)
 		}
 
-		db.setFailing("DeferServer")
+		db.SetFailing("DeferServer")
 		u.resyncOne(ctx, user)
-		if w := warnings(hook, "holding back a failing server's stale device lists"); len(w) != 1 {
+		if w := workertest.Warnings(hook, "holding back a failing server's stale device lists"); len(w) != 1 {
 			t.Fatalf("DeferServer failing: warnings %v", w)
 		}
 
 		// A failure that holds the server back, then it shows it is up
 		// while the database fails.
-		db.setFailing()
+		db.SetFailing()
 		clk.Advance(24 * time.Hour)
 		u.resyncOne(ctx, user)
-		db.setFailing("RetryServerNow")
+		db.SetFailing("RetryServerNow")
 		u.ServerAlive(user.ServerName)
 		u.retryAlive(ctx)
-		if db.called("RetryServerNow") != 1 {
+		if db.Called("RetryServerNow") != 1 {
 			t.Fatal("the server was not held back")
 		}
-		if w := warnings(hook, "making a server's stale users due"); len(w) != 1 {
+		if w := workertest.Warnings(hook, "making a server's stale users due"); len(w) != 1 {
 			t.Fatalf("RetryServerNow failing: warnings %v", w)
 		}
 
 		// A day later the error is logged again; repeated within the
 		// minute it is counted, not logged.
-		db.setFailing("StaleEntry")
+		db.SetFailing("StaleEntry")
 		for i := 0; i < 3; i++ {
 			u.resyncOne(ctx, user)
 		}
-		if w := warnings(hook, "reading a stale device list"); len(w) != 2 || w[1] != nil {
+		if w := workertest.Warnings(hook, "reading a stale device list"); len(w) != 2 || w[1] != nil {
 			t.Fatalf("three errors in a minute: %v, want one more line", w)
 		}
 		clk.Advance(time.Minute)
 		u.resyncOne(ctx, user)
-		if w := warnings(hook, "reading a stale device list"); len(w) != 3 || w[2] != 2 {
+		if w := workertest.Warnings(hook, "reading a stale device list"); len(w) != 3 || w[2] != 2 {
 			t.Fatalf("after a minute: %v, want a line counting 2 left out", w)
 		}
 	})
