@@ -80,6 +80,7 @@ type Store interface {
 	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
+	RoomEventsByID(ctx context.Context, ids []string) ([]storage.RoomEvent, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
 	UserRoomMemberships(ctx context.Context, userID string) ([]storage.RoomMember, error)
 	RoomTxnEvent(ctx context.Context, t storage.RoomTxn) (string, error)

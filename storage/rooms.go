@@ -38,6 +38,11 @@ type RoomEvent struct {
 	Membership string
 	// Pos is the event's stream position (0 for an outlier).
 	Pos StreamPos
+	// Outlier: stored without the state before it; Rejected: failed the
+	// auth rules (kept so it is not fetched again, never served to
+	// clients); SoftFailed: allowed by the state before it but not by the
+	// room's current state (in the graph, hidden from clients).
+	Outlier, Rejected, SoftFailed bool
 }
 
 // RoomWrite is a linear chain of new events of one room, each authorised

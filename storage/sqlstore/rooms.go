@@ -214,7 +214,8 @@ func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err er
 	return r, nil
 }
 
-const roomEventColumns = `e.event_id, e.room_id, e.event_type, e.state_key, e.sender, e.depth, e.room_version, e.event_json, COALESCE(e.pos, 0)`
+const roomEventColumns = `e.event_id, e.room_id, e.event_type, e.state_key, e.sender, e.depth, e.room_version, e.event_json, COALESCE(e.pos, 0),
+	e.outlier, e.rejected, e.soft_failed`
 
 func (s *Store) roomEvents(ctx context.Context, query string, params ...any) ([]storage.RoomEvent, error) {
 	rows, err := s.q.QueryContext(ctx, query, params...)
@@ -227,9 +228,12 @@ func (s *Store) roomEvents(ctx context.Context, query string, params ...any) ([]
 		var ev storage.RoomEvent
 		var stateKey sql.NullString
 		var js string
-		if err := rows.Scan(&ev.EventID, &ev.RoomID, &ev.Type, &stateKey, &ev.Sender, &ev.Depth, &ev.RoomVersion, &js, &ev.Pos); err != nil {
+		var outlier, rejected, softFailed int
+		if err := rows.Scan(&ev.EventID, &ev.RoomID, &ev.Type, &stateKey, &ev.Sender, &ev.Depth, &ev.RoomVersion, &js, &ev.Pos,
+			&outlier, &rejected, &softFailed); err != nil {
 			return nil, err
 		}
+		ev.Outlier, ev.Rejected, ev.SoftFailed = outlier != 0, rejected != 0, softFailed != 0
 		if stateKey.Valid {
 			ev.StateKey = &stateKey.String
 		}
@@ -292,6 +296,24 @@ func (s *Store) RoomEvent(ctx context.Context, eventID string) (_ storage.RoomEv
 		return storage.RoomEvent{}, storage.ErrNotFound
 	}
 	return evs[0], nil
+}
+
+// RoomEventsByID returns the stored events among ids, rejected ones
+// included (with their flag), in no particular order.
+func (s *Store) RoomEventsByID(ctx context.Context, ids []string) (_ []storage.RoomEvent, err error) {
+	defer named("RoomEventsByID", &err)
+	var out []storage.RoomEvent
+	for len(ids) > 0 {
+		n := min(len(ids), 500)
+		evs, err := s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_events e WHERE e.event_id IN (`+placeholders(1, n)+`)`,
+			args(nil, ids[:n])...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, evs...)
+		ids = ids[n:]
+	}
+	return out, nil
 }
 
 // RoomMembership returns a user's current membership of a room ("" when
