@@ -18,17 +18,22 @@ import (
 // Join joins a local room by ID or alias; it returns the room ID.
 func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string) (string, error) {
 	roomID := roomIDOrAlias
+	// via: the servers to join through, those the alias' server named.
+	var via []string
 	if strings.HasPrefix(roomIDOrAlias, "#") {
-		a, err := s.resolveAlias(ctx, roomIDOrAlias)
-		if err != nil {
+		var err error
+		if roomID, via, err = s.resolveAlias(ctx, roomIDOrAlias); err != nil {
 			return "", err
 		}
-		roomID = a
 	} else if !strings.HasPrefix(roomIDOrAlias, "!") {
 		return "", mxerr.InvalidParam("%q is neither a room ID nor an alias", roomIDOrAlias)
 	}
 	if _, err := s.db.Room(ctx, roomID); errors.Is(err, storage.ErrNotFound) {
-		// Rooms of other servers are joined over federation, to come.
+		// Rooms of other servers are joined over federation (through
+		// via), to come.
+		if len(via) > 0 {
+			return "", mxerr.NotFound("room %s is on other servers (%s); joining it is not supported yet", roomID, strings.Join(via, ", "))
+		}
 		return "", errNoRoom(roomID)
 	} else if err != nil {
 		return "", err

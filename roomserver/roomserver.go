@@ -105,8 +105,14 @@ type Options struct {
 	KeyID      gomatrixserverlib.KeyID
 	PrivateKey ed25519.PrivateKey
 	Sink       MembershipSink
-	Logger     logrus.FieldLogger
-	Now        func() time.Time
+	// Federation reaches other servers; nil: rooms stay local (aliases
+	// of other servers are not resolved).
+	Federation Federation
+	// RemoteTimeout bounds a request to another server made while a
+	// client waits (default 10 s).
+	RemoteTimeout time.Duration
+	Logger        logrus.FieldLogger
+	Now           func() time.Time
 }
 
 // Service serves rooms.
@@ -123,6 +129,9 @@ func New(db Store, opts Options) *Service {
 	}
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
+	}
+	if opts.RemoteTimeout <= 0 {
+		opts.RemoteTimeout = defaultRemoteTimeout
 	}
 	return &Service{db: db, opts: opts}
 }

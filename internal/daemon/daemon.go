@@ -260,7 +260,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	ko.Federation = d.fed
 	d.ks = keyserver.New(store, ko)
 	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-		Sink: d.ks, Logger: log})
+		Sink: d.ks, Federation: d.fed, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
@@ -291,6 +291,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			OldVerifyKeys:   oldVerifyKeys(cfg),
 			KeyRing:         fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey()),
 			OnAuthenticated: d.serverAlive,
+			Rooms:           rooms,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			RateLimit:       ratelimit.New(float64(cfg.Federation.RateLimitPerSecond), cfg.Federation.RateLimitBurst, nil),
 			Logger:          log,
