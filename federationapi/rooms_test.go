@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -476,5 +477,72 @@ func TestFederationQueryDirectory(t *testing.T) {
 		expectFedError(t, a, peer, "GET", path("#dir:elsewhere.example"), nil, 404, "M_NOT_FOUND")
 		expectFedError(t, a, peer, "GET", path("nonsense"), nil, 400, "M_INVALID_PARAM")
 		expectFedError(t, a, peer, "GET", fedV1+"/query/directory", nil, 400, "M_MISSING_PARAM")
+	})
+}
+
+// A client of B resolves an alias of A through A (/query/directory), and
+// a join by that alias uses the same answer; A's "not found" is the
+// client's, and a server that is down or failing is a 502 with an
+// errcode, never a 500.
+func TestRemoteAliasResolution(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, testutil.SQLite(t), nil)
+		b := testutil.StartNode(t, db, nil)
+		r := newFedRoom(t, a, "remote")
+		bob := b.Register(t, "bob", "")
+		dir := func(alias string) string { return clientV3 + "/directory/room/" + url.PathEscape(alias) }
+
+		ans := b.Must(t, "GET", dir("#remote:"+a.ServerName), bob.Token, nil)
+		if ans["room_id"] != r.roomID || !slices.Equal(strs(ans["servers"]), []string{a.ServerName}) {
+			t.Fatalf("remote alias: %v", ans)
+		}
+		if n := a.Requests.Count("GET", fedV1+"/query/directory"); n != 1 {
+			t.Fatalf("A answered %d directory queries, want 1", n)
+		}
+		// Joining by the alias resolves it the same way: the room is
+		// found on A (joining rooms of other servers comes later).
+		join := b.Do(t, "POST", clientV3+"/join/"+url.PathEscape("#remote:"+a.ServerName), bob.Token, map[string]any{})
+		if join.Status != http.StatusNotFound || !strings.Contains(string(join.Raw), r.roomID) || !strings.Contains(string(join.Raw), a.ServerName) {
+			t.Fatalf("join by a remote alias: %d %s", join.Status, join.Raw)
+		}
+		if n := a.Requests.Count("GET", fedV1+"/query/directory"); n != 2 {
+			t.Fatalf("A answered %d directory queries, want 2", n)
+		}
+
+		expectStatus := func(alias string, status int, errcode string) {
+			t.Helper()
+			got := b.Do(t, "GET", dir(alias), bob.Token, nil)
+			if got.Status != status || got.Errcode() != errcode {
+				t.Fatalf("GET %s: %d %s, want %d %s", alias, got.Status, got.Raw, status, errcode)
+			}
+		}
+		expectStatus("#nope:"+a.ServerName, 404, "M_NOT_FOUND")
+		join = b.Do(t, "POST", clientV3+"/join/"+url.PathEscape("#nope:"+a.ServerName), bob.Token, map[string]any{})
+		if join.Status != http.StatusNotFound || join.Errcode() != "M_NOT_FOUND" {
+			t.Fatalf("join by an unknown remote alias: %d %s", join.Status, join.Raw)
+		}
+
+		// A server answering 500, and one that is down.
+		failing := testutil.NewOrigin(t)
+		failing.Mux.HandleFunc("GET /_matrix/federation/v1/query/directory", func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = w.Write([]byte(`{"errcode":"M_UNKNOWN","error":"internal address 10.1.2.3 failed"}`))
+		})
+		got := b.Do(t, "GET", dir("#x:"+failing.Name), bob.Token, nil)
+		if got.Status != http.StatusBadGateway || got.Errcode() != "M_UNKNOWN" || strings.Contains(string(got.Raw), "10.1.2.3") {
+			t.Fatalf("failing server: %d %s", got.Status, got.Raw)
+		}
+		// A server answering nonsense.
+		odd := testutil.NewOrigin(t)
+		odd.Mux.HandleFunc("GET /_matrix/federation/v1/query/directory", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"room_id":"not a room","servers":[]}`))
+		})
+		expectStatus("#x:"+odd.Name, http.StatusBadGateway, "M_UNKNOWN")
+		down := a.ServerName
+		a.Stop()
+		expectStatus("#remote:"+down, http.StatusBadGateway, "M_UNKNOWN")
+		// Backing off now: at once, the same answer.
+		expectStatus("#remote:"+down, http.StatusBadGateway, "M_UNKNOWN")
 	})
 }
