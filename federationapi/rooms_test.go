@@ -417,6 +417,14 @@ func TestFederationRoomReads(t *testing.T) {
 		expectFedError(t, a, former, "GET", fedV1+"/state_ids/"+esc(r.roomID)+"?event_id="+q(m), nil, 403, "M_FORBIDDEN")
 		expectFedError(t, a, former, "GET", fedV1+"/event/"+esc(latest), nil, 403, "M_FORBIDDEN")
 
+		// A soft-failed event is in the graph: found over prev_events.
+		flag(t, a, r.messages[n-4], "soft_failed = 1")
+		if got, want := gme(map[string]any{"earliest_events": []string{r.messages[n-5]}, "latest_events": []string{latest}}),
+			r.messages[n-4:n-1]; !slices.Equal(got, want) {
+			t.Fatalf("missing events with a soft-failed one: %v, want %v", got, want)
+		}
+		fedMust(t, a, peer, "GET", fedV1+"/event/"+esc(r.messages[n-4]), nil)
+
 		// An outlier is served by /event, but has no state.
 		flag(t, a, r.messages[n-2], "outlier = 1, state_before = NULL")
 		fedMust(t, a, peer, "GET", fedV1+"/event/"+esc(r.messages[n-2]), nil)

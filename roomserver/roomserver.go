@@ -44,9 +44,15 @@
 // Neither side reads the other's tables: the device-list side sees only
 // memberships (join, invite, leave).
 //
-// # Federation (to come)
+// # Federation
 //
-// The tables are laid out for it: incoming PDUs are checked with
+// Other servers read events, the state before an event with its auth
+// chain, missing events and history (fedread.go, with the rule of who may
+// read), and resolve our aliases; aliases of other servers are asked of
+// them through Options.Federation (federation.go, the interface of what
+// the rooms ask of other servers).
+//
+// To come; the tables are laid out for it: incoming PDUs are checked with
 // gomatrixserverlib (signatures, hashes, Allowed against their auth events
 // and against the snapshot before them, soft-fail against current state),
 // stored with their room version; events from send_join's state and auth
