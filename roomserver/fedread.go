@@ -36,6 +36,9 @@ const (
 	MaxMissingEvents = 20
 	// MaxBackfill caps backfill's limit.
 	MaxBackfill = 100
+	// maxStateChecks bounds the events whose state before them is looked
+	// at to let a server that is not in the room read (see mayRead).
+	maxStateChecks = 10
 )
 
 // StateIDsResponse answers /state_ids.
@@ -286,7 +289,9 @@ func (s *Service) mayRead(ctx context.Context, origin, roomID string, at []stora
 	} else if joined[origin] {
 		return nil
 	}
-	for _, ev := range at {
+	// A server that is not in the room cannot make us load the state
+	// before every event it names: the first few are enough.
+	for _, ev := range at[:min(len(at), maxStateChecks)] {
 		before, err := s.db.RoomStateBefore(ctx, ev.EventID)
 		if errors.Is(err, storage.ErrNotFound) {
 			continue // an outlier: no state known before it
