@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 )
@@ -113,13 +114,35 @@ func TestRemoteInviteAndJoin(t *testing.T) {
 		if got := joinedMembers(t, p.a, p.alice, roomID); !equalStrings(got, p.alice.UserID, p.bob.UserID) {
 			t.Fatalf("A's joined members %v", got)
 		}
-		changed, _, _ = syncChanged(t, p.a, p.alice, aliceSince)
+		changed, aliceSince, _ = syncChanged(t, p.a, p.alice, aliceSince)
 		if !equalStrings(changed, p.bob.UserID) {
 			t.Fatalf("alice's changed %v, want [bob]", changed)
 		}
 		changed, _, _ = syncChanged(t, p.b, p.bob, bobSince)
 		if !equalStrings(changed, p.alice.UserID, p.bob.UserID) {
 			t.Fatalf("bob's changed %v, want [alice bob]", changed)
+		}
+
+		// bob adds a device: alice's waiting /sync wakes with bob in
+		// changed, and A serves the new device.
+		done := make(chan testutil.Response, 1)
+		go func() {
+			done <- p.a.Do(t, "GET", "/_matrix/client/v3/sync?timeout=10000&since="+url.QueryEscape(aliceSince), p.alice.Token, nil)
+		}()
+		eventually(t, "alice's sync to wait", func() bool { return p.a.Service.WaitingSyncs() == 1 })
+		second := p.b.Login(t, p.bob, "BOB2")
+		p.b.Upload(t, second, map[string]any{"device_keys": second.DeviceKeys(t)})
+		select {
+		case r := <-done:
+			changed, _ := r.Body["device_lists"].(map[string]any)["changed"].([]any)
+			if r.Status != 200 || len(changed) != 1 || changed[0] != p.bob.UserID {
+				t.Fatalf("alice's sync after bob's new device: %d %s", r.Status, r.Raw)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("alice's sync did not wake for bob's new device")
+		}
+		if got := deviceIDs(t, p.a, p.alice, p.bob.UserID); !sameSet(got, "BOB1", "BOB2") {
+			t.Fatalf("A serves bob's devices %v", got)
 		}
 	})
 }
