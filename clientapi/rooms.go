@@ -206,7 +206,8 @@ func (a *API) join(param string) authedHandler {
 		if err := a.decodeOptional(r, &req); err != nil {
 			return nil, err
 		}
-		roomID, err := a.opts.Rooms.Join(r.Context(), c.UserID, target, req.Reason)
+		// server_name (repeatable): servers to join a remote room through.
+		roomID, err := a.opts.Rooms.Join(r.Context(), c.UserID, target, req.Reason, r.URL.Query()["server_name"])
 		if err != nil {
 			return nil, err
 		}

@@ -489,7 +489,7 @@ func TestFederationQueryDirectory(t *testing.T) {
 }
 
 // A client of B resolves an alias of A through A (/query/directory), and
-// a join by that alias uses the same answer; A's "not found" is the
+// a join by that alias uses the same answer to join through A; A's "not found" is the
 // client's, and a server that is down or failing is a 502 with an
 // errcode, never a 500.
 func TestRemoteAliasResolution(t *testing.T) {
@@ -507,14 +507,19 @@ func TestRemoteAliasResolution(t *testing.T) {
 		if n := a.Requests.Count("GET", fedV1+"/query/directory"); n != 1 {
 			t.Fatalf("A answered %d directory queries, want 1", n)
 		}
-		// Joining by the alias resolves it the same way: the room is
-		// found on A (joining rooms of other servers comes later).
-		join := b.Do(t, "POST", clientV3+"/join/"+url.PathEscape("#remote:"+a.ServerName), bob.Token, map[string]any{})
-		if join.Status != http.StatusNotFound || !strings.Contains(string(join.Raw), r.roomID) || !strings.Contains(string(join.Raw), a.ServerName) {
-			t.Fatalf("join by a remote alias: %d %s", join.Status, join.Raw)
+		// Joining by the alias resolves it the same way, and joins
+		// through the servers A named.
+		join := b.Must(t, "POST", clientV3+"/join/"+url.PathEscape("#remote:"+a.ServerName), bob.Token, map[string]any{})
+		if join["room_id"] != r.roomID {
+			t.Fatalf("join by a remote alias: %v", join)
 		}
 		if n := a.Requests.Count("GET", fedV1+"/query/directory"); n != 2 {
 			t.Fatalf("A answered %d directory queries, want 2", n)
+		}
+		// Now both servers are in the room, A first.
+		ans = b.Must(t, "GET", dir("#remote:"+a.ServerName), bob.Token, nil)
+		if !slices.Equal(strs(ans["servers"]), []string{a.ServerName, b.ServerName}) {
+			t.Fatalf("servers of the joined room: %v", ans)
 		}
 
 		expectStatus := func(alias string, status int, errcode string) {
@@ -525,9 +530,9 @@ func TestRemoteAliasResolution(t *testing.T) {
 			}
 		}
 		expectStatus("#nope:"+a.ServerName, 404, "M_NOT_FOUND")
-		join = b.Do(t, "POST", clientV3+"/join/"+url.PathEscape("#nope:"+a.ServerName), bob.Token, map[string]any{})
-		if join.Status != http.StatusNotFound || join.Errcode() != "M_NOT_FOUND" {
-			t.Fatalf("join by an unknown remote alias: %d %s", join.Status, join.Raw)
+		join404 := b.Do(t, "POST", clientV3+"/join/"+url.PathEscape("#nope:"+a.ServerName), bob.Token, map[string]any{})
+		if join404.Status != http.StatusNotFound || join404.Errcode() != "M_NOT_FOUND" {
+			t.Fatalf("join by an unknown remote alias: %d %s", join404.Status, join404.Raw)
 		}
 
 		// A server answering 500, and one that is down.

@@ -53,21 +53,13 @@ func (s *Service) resolveAlias(ctx context.Context, alias string) (roomID string
 // roomServers lists this server, then the other servers with joined
 // members in a room's current state, sorted.
 func (s *Service) roomServers(ctx context.Context, roomID string) ([]string, error) {
-	state, err := s.db.RoomCurrentState(ctx, roomID)
+	joined, err := s.joinedServers(ctx, roomID)
 	if err != nil {
 		return nil, err
 	}
-	joined, err := joinedServers(state)
-	if err != nil {
-		return nil, err
-	}
-	delete(joined, s.opts.ServerName)
-	others := make([]string, 0, len(joined))
-	for srv := range joined {
-		others = append(others, srv)
-	}
-	slices.Sort(others)
-	return append([]string{s.opts.ServerName}, others...), nil
+	joined = slices.DeleteFunc(joined, func(srv string) bool { return srv == s.opts.ServerName })
+	slices.Sort(joined)
+	return append([]string{s.opts.ServerName}, joined...), nil
 }
 
 // resolveRemoteAlias asks the alias' server.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -79,7 +80,7 @@ func (s *Service) FederationEvent(ctx context.Context, origin, eventID string) (
 // FederationStateIDs returns the IDs of the state before an event and of
 // its auth chain.
 func (s *Service) FederationStateIDs(ctx context.Context, origin, roomID, eventID string) (StateIDsResponse, error) {
-	state, chain, err := s.stateBefore(ctx, origin, roomID, eventID)
+	state, chain, err := s.stateForServer(ctx, origin, roomID, eventID)
 	if err != nil {
 		return StateIDsResponse{}, err
 	}
@@ -88,11 +89,11 @@ func (s *Service) FederationStateIDs(ctx context.Context, origin, roomID, eventI
 
 // FederationState returns the state before an event and its auth chain.
 func (s *Service) FederationState(ctx context.Context, origin, roomID, eventID string) (StateResponse, error) {
-	state, chain, err := s.stateBefore(ctx, origin, roomID, eventID)
+	state, chain, err := s.stateForServer(ctx, origin, roomID, eventID)
 	if err != nil {
 		return StateResponse{}, err
 	}
-	return StateResponse{PDUs: eventsJSON(state), AuthChain: eventsJSON(chain)}, nil
+	return StateResponse{PDUs: rawEvents(state), AuthChain: rawEvents(chain)}, nil
 }
 
 // FederationEventAuth returns the auth chain of an event.
@@ -101,11 +102,15 @@ func (s *Service) FederationEventAuth(ctx context.Context, origin, roomID, event
 	if err != nil {
 		return nil, err
 	}
-	chain, err := s.authChain(ctx, roomID, []storage.RoomEvent{ev})
+	p, err := pdu(ev)
 	if err != nil {
 		return nil, err
 	}
-	return eventsJSON(chain), nil
+	chain, err := s.servedAuthChain(ctx, roomID, []gomatrixserverlib.PDU{p})
+	if err != nil {
+		return nil, err
+	}
+	return rawEvents(chain), nil
 }
 
 // FederationMissingEvents walks prev_events breadth-first from the
@@ -156,7 +161,7 @@ func (s *Service) FederationMissingEvents(ctx context.Context, origin, roomID st
 		}
 		return strings.Compare(a.EventID, b.EventID)
 	})
-	return eventsJSON(found), nil
+	return storedJSON(found), nil
 }
 
 // FederationBackfill returns the events from and their ancestors,
@@ -193,7 +198,7 @@ func (s *Service) FederationBackfill(ctx context.Context, origin, roomID string,
 		}
 		return strings.Compare(a.EventID, b.EventID)
 	})
-	return eventsJSON(out), nil
+	return storedJSON(out), nil
 }
 
 func cmpInt(a, b int64) int {
@@ -238,19 +243,22 @@ func (s *Service) readableEvent(ctx context.Context, origin, roomID, eventID str
 	return evs[0], nil
 }
 
-// stateBefore returns the state before an event and the auth chain of
-// that state; 404 when the event has none (an outlier).
-func (s *Service) stateBefore(ctx context.Context, origin, roomID, eventID string) (state, chain []storage.RoomEvent, err error) {
+// stateForServer returns the state before an event and the auth chain
+// of that state; 404 when the event has none (an outlier).
+func (s *Service) stateForServer(ctx context.Context, origin, roomID, eventID string) (state, chain []gomatrixserverlib.PDU, err error) {
 	if _, err := s.readableEvent(ctx, origin, roomID, eventID); err != nil {
 		return nil, nil, err
 	}
-	state, err = s.db.RoomStateBefore(ctx, eventID)
+	stored, err := s.db.RoomStateBefore(ctx, eventID)
 	if errors.Is(err, storage.ErrNotFound) {
 		return nil, nil, mxerr.NotFound("the state before event %s is not known", eventID)
 	} else if err != nil {
 		return nil, nil, err
 	}
-	chain, err = s.authChain(ctx, roomID, state)
+	if state, err = pdus(stored); err != nil {
+		return nil, nil, err
+	}
+	chain, err = s.servedAuthChain(ctx, roomID, state)
 	return state, chain, err
 }
 
@@ -284,9 +292,7 @@ func (s *Service) mayRead(ctx context.Context, origin, roomID string, at []stora
 	if err != nil {
 		return err
 	}
-	if joined, err := joinedServers(current); err != nil {
-		return err
-	} else if joined[origin] {
+	if serversJoinedIn(current)[origin] {
 		return nil
 	}
 	// A server that is not in the room cannot make us load the state
@@ -298,80 +304,45 @@ func (s *Service) mayRead(ctx context.Context, origin, roomID string, at []stora
 		} else if err != nil {
 			return err
 		}
-		if joined, err := joinedServers(before); err != nil {
-			return err
-		} else if joined[origin] {
+		if serversJoinedIn(before)[origin] {
 			return nil
 		}
 	}
 	return mxerr.Forbidden("%s has no user in room %s", origin, roomID)
 }
 
-// joinedServers returns the servers of the users joined in a state.
-func joinedServers(state []storage.RoomEvent) (map[string]bool, error) {
+// serversJoinedIn returns the servers of the users joined in a state.
+func serversJoinedIn(state []storage.RoomEvent) map[string]bool {
 	out := map[string]bool{}
 	for _, ev := range state {
-		if ev.Type != spec.MRoomMember || ev.StateKey == nil {
-			continue
-		}
-		p, err := pdu(ev)
-		if err != nil {
-			return nil, err
-		}
-		if m, err := p.Membership(); err != nil || m != spec.Join {
-			continue
-		}
-		if _, server, ok := strings.Cut(*ev.StateKey, ":"); ok {
-			out[server] = true
+		if ev.Type == spec.MRoomMember && ev.StateKey != nil && ev.Membership == spec.Join {
+			if server := serverOf(*ev.StateKey); server != "" {
+				out[server] = true
+			}
 		}
 	}
-	return out, nil
+	return out
 }
 
-// authChain returns the auth events of the given events, theirs, and so
-// on: every event reachable over auth_events, one batch per level, the
-// given events themselves only when reached so. Events not stored, of
-// another room or rejected are left out. Sorted by depth, then ID.
-func (s *Service) authChain(ctx context.Context, roomID string, from []storage.RoomEvent) ([]storage.RoomEvent, error) {
-	seen := map[string]bool{}
-	var next []string
-	add := func(ev storage.RoomEvent) error {
-		p, err := pdu(ev)
-		if err != nil {
-			return err
-		}
-		for _, id := range p.AuthEventIDs() {
-			if !seen[id] {
-				seen[id] = true
-				next = append(next, id)
-			}
-		}
-		return nil
+// servedAuthChain is the stored auth chain of events (authChain) as it is
+// served: without rejected events or events of another room, sorted by
+// depth, then ID.
+func (s *Service) servedAuthChain(ctx context.Context, roomID string, evs []gomatrixserverlib.PDU) ([]gomatrixserverlib.PDU, error) {
+	all, rejected, err := s.authChain(ctx, evs)
+	if err != nil {
+		return nil, err
 	}
-	for _, ev := range from {
-		if err := add(ev); err != nil {
-			return nil, err
-		}
-	}
-	var chain []storage.RoomEvent
-	for len(next) > 0 {
-		level, err := s.eventsOfRoom(ctx, roomID, next)
-		if err != nil {
-			return nil, err
-		}
-		next = nil
-		for _, ev := range level {
+	chain := make([]gomatrixserverlib.PDU, 0, len(all))
+	for _, ev := range all {
+		if !rejected[ev.EventID()] && ev.RoomID().String() == roomID {
 			chain = append(chain, ev)
-			if err := add(ev); err != nil {
-				return nil, err
-			}
 		}
 	}
-	slices.SortFunc(chain, func(a, b storage.RoomEvent) int {
-		if a.Depth != b.Depth {
-			return cmpInt(a.Depth, b.Depth)
+	slices.SortFunc(chain, func(a, b gomatrixserverlib.PDU) int {
+		if a.Depth() != b.Depth() {
+			return cmpInt(a.Depth(), b.Depth())
 		}
-		return strings.Compare(a.EventID, b.EventID)
+		return strings.Compare(a.EventID(), b.EventID())
 	})
 	return chain, nil
 }
@@ -424,15 +395,7 @@ func (s *Service) walkPrevEvents(ctx context.Context, roomID string, from []stor
 	return out, nil
 }
 
-func eventIDs(evs []storage.RoomEvent) []string {
-	out := make([]string, 0, len(evs))
-	for _, ev := range evs {
-		out = append(out, ev.EventID)
-	}
-	return out
-}
-
-func eventsJSON(evs []storage.RoomEvent) []json.RawMessage {
+func storedJSON(evs []storage.RoomEvent) []json.RawMessage {
 	out := make([]json.RawMessage, 0, len(evs))
 	for _, ev := range evs {
 		out = append(out, json.RawMessage(ev.JSON))

@@ -87,6 +87,8 @@ type Store interface {
 	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
 	RoomEventsByID(ctx context.Context, ids []string) ([]storage.RoomEvent, error)
+	RoomStateAfter(ctx context.Context, eventID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
+	IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (storage.RoomWriteResult, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
 	UserRoomMemberships(ctx context.Context, userID string) ([]storage.RoomMember, error)
 	RoomTxnEvent(ctx context.Context, t storage.RoomTxn) (string, error)
@@ -111,8 +113,15 @@ type Options struct {
 	KeyID      gomatrixserverlib.KeyID
 	PrivateKey ed25519.PrivateKey
 	Sink       MembershipSink
-	// Federation reaches other servers; nil: rooms stay local (aliases
-	// of other servers are not resolved).
+	// KeyRing checks other servers' signatures on events.
+	KeyRing *gomatrixserverlib.KeyRing
+	// Remote fetches events from other servers; nil: none are fetched.
+	Remote RemoteEvents
+	// Handshakes join, invite and leave over federation; nil: rooms of
+	// other servers cannot be joined.
+	Handshakes Handshakes
+	// Federation resolves aliases of other servers; nil: they are not
+	// resolved.
 	Federation Federation
 	// RemoteTimeout bounds a request to another server made while a
 	// client waits (default 10 s).
@@ -305,6 +314,14 @@ const maxAttempts = 20
 // send builds one event on a room's current state and writes it; txn
 // (optional) records it as a client transaction's result.
 func (s *Service) send(ctx context.Context, roomID, sender, evType string, stateKey *string, content any, txn *storage.RoomTxn) (gomatrixserverlib.PDU, error) {
+	return s.sendFinished(ctx, roomID, sender, evType, stateKey, content, txn, nil)
+}
+
+// sendFinished is send with a last step between building the event and
+// writing it: finish returns the event to write (an invite signed by the
+// invitee's server).
+func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType string, stateKey *string, content any, txn *storage.RoomTxn,
+	finish func(gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error)) (gomatrixserverlib.PDU, error) {
 	defer s.lock(roomID)()
 	if txn != nil {
 		if id, err := s.db.RoomTxnEvent(ctx, *txn); err == nil {
@@ -345,6 +362,12 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 		ev, err := c.add(sender, evType, stateKey, content)
 		if err != nil {
 			return nil, err
+		}
+		if finish != nil {
+			if ev, err = finish(ev); err != nil {
+				return nil, err
+			}
+			c.records[len(c.records)-1] = record(ev)
 		}
 		res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities,
 			Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()})
