@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/fclient"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -81,9 +83,73 @@ func (r *fedRoom) stateIDs(t *testing.T) []string {
 	return sorted(ids)
 }
 
+// requester signs a request to dest as some server.
+type requester func(t *testing.T, method, dest, path string, body any) *http.Request
+
+// asOrigin signs as a stand-in server.
+func asOrigin(o *testutil.Origin) requester {
+	return func(t *testing.T, method, dest, path string, body any) *http.Request {
+		return o.SignedRequest(t, method, dest, path, body, "", nil)
+	}
+}
+
+// asNode signs as a daemon, with its own signing key.
+func asNode(t *testing.T, n *testutil.Node) requester {
+	key, _, err := identity.LoadOrCreateSigningKey(n.Config.SigningKeyFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(t *testing.T, method, dest, path string, body any) *http.Request {
+		t.Helper()
+		fr := fclient.NewFederationRequest(method, spec.ServerName(n.ServerName), spec.ServerName(dest), path)
+		if body != nil {
+			if err := fr.SetContent(body); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := fr.Sign(spec.ServerName(n.ServerName), key.KeyID, key.PrivateKey); err != nil {
+			t.Fatal(err)
+		}
+		req, err := fr.HTTPRequest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+}
+
+// joinFrom joins u of n to the room by its alias, over federation, and
+// returns the join's event ID as the room's server stored it.
+func (r *fedRoom) joinFrom(t *testing.T, n *testutil.Node, u *testutil.User, alias string) string {
+	t.Helper()
+	if got := n.Must(t, "POST", clientV3+"/join/"+url.PathEscape(alias), u.Token, map[string]any{})["room_id"]; got != r.roomID {
+		t.Fatalf("%s joined %v, want %s", u.UserID, got, r.roomID)
+	}
+	return r.memberEvent(t, u.UserID, spec.Join)
+}
+
+// memberEvent waits for the room's server to hold a user's membership,
+// and returns the event's ID.
+func (r *fedRoom) memberEvent(t *testing.T, userID, membership string) string {
+	t.Helper()
+	ctx := context.Background()
+	var id string
+	testutil.Eventually(t, userID+"'s "+membership+" to reach "+r.a.ServerName, func() bool {
+		evs, err := r.a.Store.RoomStateEvents(ctx, r.roomID, []storage.StateKey{{Type: spec.MRoomMember, StateKey: userID}})
+		if err != nil || len(evs) != 1 || evs[0].Membership != membership {
+			return false
+		}
+		id = evs[0].EventID
+		return true
+	})
+	return id
+}
+
 // writeMember writes the membership of a user of origin into the room, as
 // the origin built and signed it on the room's current state: the way a
-// remote user's join arrives, without the handshake.
+// remote user's join or leave arrives, without the handshake (a leave
+// from a server that joined does not reach the room's server yet, as our
+// own events are not sent to other servers yet).
 func (r *fedRoom) writeMember(t *testing.T, o *testutil.Origin, userID, membership string) string {
 	t.Helper()
 	ctx := context.Background()
@@ -142,13 +208,13 @@ func flag(t *testing.T, n *testutil.Node, eventID, set string) {
 	}
 }
 
-// fedGet sends a request signed by o to n.
-func fedDo(t *testing.T, n *testutil.Node, o *testutil.Origin, method, path string, body any) testutil.Response {
+// fedDo sends n a request signed by from.
+func fedDo(t *testing.T, n *testutil.Node, from requester, method, path string, body any) testutil.Response {
 	t.Helper()
-	return testutil.SendTo(t, n, o.SignedRequest(t, method, n.ServerName, path, body, "", nil))
+	return testutil.SendTo(t, n, from(t, method, n.ServerName, path, body))
 }
 
-func fedMust(t *testing.T, n *testutil.Node, o *testutil.Origin, method, path string, body any) map[string]any {
+func fedMust(t *testing.T, n *testutil.Node, o requester, method, path string, body any) map[string]any {
 	t.Helper()
 	r := fedDo(t, n, o, method, path, body)
 	if r.Status != http.StatusOK {
@@ -157,7 +223,7 @@ func fedMust(t *testing.T, n *testutil.Node, o *testutil.Origin, method, path st
 	return r.Body
 }
 
-func expectFedError(t *testing.T, n *testutil.Node, o *testutil.Origin, method, path string, body any, status int, errcode string) {
+func expectFedError(t *testing.T, n *testutil.Node, o requester, method, path string, body any, status int, errcode string) {
 	t.Helper()
 	r := fedDo(t, n, o, method, path, body)
 	if r.Status != status || r.Errcode() != errcode {
@@ -251,18 +317,20 @@ func TestFederationRoomReads(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		a := testutil.StartNode(t, db, nil)
 		r := newFedRoom(t, a, "reads")
-		peer, stranger, former := testutil.NewOrigin(t), testutil.NewOrigin(t), testutil.NewOrigin(t)
+		// B's user joins; the former server's user is in the room while
+		// `during` is sent only; the stranger has no user in it.
+		b := testutil.StartNode(t, testutil.SQLite(t), nil)
+		formerOrigin := testutil.NewOrigin(t)
+		peer, former, stranger := asNode(t, b), asOrigin(formerOrigin), asOrigin(testutil.NewOrigin(t))
 		r.send(t)
 		r.setTopic(t, "second")
 		before := r.stateIDs(t)
 		m := r.send(t) // the state before m is `before`
-		bob := "@bob:" + peer.Name
-		bobJoin := r.writeMember(t, peer, bob, spec.Join)
-		// The former server was in the room while `during` was sent only.
-		carol := "@carol:" + former.Name
-		r.writeMember(t, former, carol, spec.Join)
+		bobJoin := r.joinFrom(t, b, b.Register(t, "bob", ""), "#reads:"+a.ServerName)
+		carol := "@carol:" + formerOrigin.Name
+		r.writeMember(t, formerOrigin, carol, spec.Join)
 		during := r.send(t)
-		r.writeMember(t, former, carol, spec.Leave)
+		r.writeMember(t, formerOrigin, carol, spec.Leave)
 		r.setTopic(t, "third")
 		for range 105 {
 			r.send(t)
@@ -449,7 +517,7 @@ func TestFederationRoomReads(t *testing.T) {
 	})
 }
 
-func mustEvent(t *testing.T, n *testutil.Node, o *testutil.Origin, eventID string) any {
+func mustEvent(t *testing.T, n *testutil.Node, o requester, eventID string) any {
 	t.Helper()
 	return fedMust(t, n, o, "GET", fedV1+"/event/"+url.PathEscape(eventID), nil)["pdus"].([]any)[0]
 }
@@ -469,16 +537,17 @@ func TestFederationQueryDirectory(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		a := testutil.StartNode(t, db, nil)
 		r := newFedRoom(t, a, "dir")
-		peer := testutil.NewOrigin(t)
+		b := testutil.StartNode(t, testutil.SQLite(t), nil)
+		peer := asOrigin(testutil.NewOrigin(t)) // any server may ask
 		alias := "#dir:" + a.ServerName
 		path := func(alias string) string { return fedV1 + "/query/directory?room_alias=" + url.QueryEscape(alias) }
 		ans := fedMust(t, a, peer, "GET", path(alias), nil)
 		if ans["room_id"] != r.roomID || !slices.Equal(strs(ans["servers"]), []string{a.ServerName}) {
 			t.Fatalf("query/directory: %v", ans)
 		}
-		r.writeMember(t, peer, "@bob:"+peer.Name, spec.Join)
+		r.joinFrom(t, b, b.Register(t, "bob", ""), alias)
 		ans = fedMust(t, a, peer, "GET", path(alias), nil)
-		if ans["room_id"] != r.roomID || !slices.Equal(strs(ans["servers"]), []string{a.ServerName, peer.Name}) {
+		if ans["room_id"] != r.roomID || !slices.Equal(strs(ans["servers"]), []string{a.ServerName, b.ServerName}) {
 			t.Fatalf("query/directory with a remote member: %v", ans)
 		}
 		expectFedError(t, a, peer, "GET", path("#nope:"+a.ServerName), nil, 404, "M_NOT_FOUND")
