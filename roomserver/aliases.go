@@ -3,7 +3,7 @@ package roomserver
 import (
 	"context"
 	"errors"
-	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -71,10 +71,10 @@ func (s *Service) resolveRemoteAlias(ctx context.Context, server, alias string) 
 	defer cancel()
 	roomID, servers, err := s.opts.Federation.LookupRoomAlias(ctx, server, alias)
 	if err != nil {
-		return "", nil, s.remoteFailure(ctx, server, err, "unknown room alias "+alias)
+		return "", nil, s.remoteFailure(server, err, "unknown room alias "+alias)
 	}
 	if _, err := spec.NewRoomID(roomID); err != nil {
-		return "", nil, s.remoteFailure(ctx, server, fmt.Errorf("answered an invalid room ID %q", roomID), "")
+		return "", nil, mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "%s answered an invalid room ID", server)
 	}
 	// The alias' server is in its room: it is the one to try when the
 	// answer lists none.
