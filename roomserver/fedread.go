@@ -1,6 +1,7 @@
 package roomserver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -157,7 +158,7 @@ func (s *Service) FederationMissingEvents(ctx context.Context, origin, roomID st
 	}
 	slices.SortStableFunc(found, func(a, b storage.RoomEvent) int {
 		if a.Depth != b.Depth {
-			return cmpInt(a.Depth, b.Depth)
+			return cmp.Compare(a.Depth, b.Depth)
 		}
 		return strings.Compare(a.EventID, b.EventID)
 	})
@@ -194,21 +195,11 @@ func (s *Service) FederationBackfill(ctx context.Context, origin, roomID string,
 	out = append(out, more...)
 	slices.SortStableFunc(out, func(a, b storage.RoomEvent) int {
 		if a.Depth != b.Depth {
-			return cmpInt(b.Depth, a.Depth)
+			return cmp.Compare(b.Depth, a.Depth)
 		}
 		return strings.Compare(a.EventID, b.EventID)
 	})
 	return storedJSON(out), nil
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func errNoEvent(eventID string) error { return mxerr.NotFound("unknown event %s", eventID) }
@@ -340,7 +331,7 @@ func (s *Service) servedAuthChain(ctx context.Context, roomID string, evs []goma
 	}
 	slices.SortFunc(chain, func(a, b gomatrixserverlib.PDU) int {
 		if a.Depth() != b.Depth() {
-			return cmpInt(a.Depth(), b.Depth())
+			return cmp.Compare(a.Depth(), b.Depth())
 		}
 		return strings.Compare(a.EventID(), b.EventID())
 	})
