@@ -52,8 +52,14 @@
 // stored with their room version; events from send_join's state and auth
 // chain become outliers; several extremities are resolved with
 // gomatrixserverlib.ResolveConflicts over their snapshots into a new
-// snapshot. Our own events will be queued for the room's servers in the
-// same transaction, like device-list EDUs.
+// snapshot.
+//
+// Our own events are queued for the room's other servers in the
+// transaction that writes them (Options.Federated sets
+// storage.RoomWrite.Federate; table outbound_pdus, migration 16): for
+// every server with a joined member after the write, and for a membership
+// event also its target's server. The device-list sender delivers them
+// with its EDUs, up to 50 per transaction, surviving restarts.
 package roomserver
 
 import (
@@ -92,8 +98,9 @@ type Store interface {
 }
 
 // MembershipSink is the device-list side's one view of rooms: told of
-// every committed room write, with the local users it concerns and the
-// remote users whose lists are now tracked (keyserver.Service).
+// every committed room write, with the local users it concerns, the
+// remote users whose lists are now tracked, and whether events were
+// queued for other servers (keyserver.Service, which owns the sender).
 type MembershipSink interface {
 	RoomWritten(res storage.RoomWriteResult)
 }
@@ -105,8 +112,12 @@ type Options struct {
 	KeyID      gomatrixserverlib.KeyID
 	PrivateKey ed25519.PrivateKey
 	Sink       MembershipSink
-	Logger     logrus.FieldLogger
-	Now        func() time.Time
+	// Federated queues our events for the other servers in their rooms,
+	// in the transaction that writes them (storage.RoomWrite.Federate);
+	// the write's result says so (PDUsQueued), and Sink pokes the sender.
+	Federated bool
+	Logger    logrus.FieldLogger
+	Now       func() time.Time
 }
 
 // Service serves rooms.
@@ -332,7 +343,7 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 			return nil, err
 		}
 		res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities,
-			Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()})
+			Events: c.records, Txn: txn, Federate: s.opts.Federated, Now: s.opts.Now().UnixMilli()})
 		if errors.Is(err, storage.ErrRoomMoved) && attempt < maxAttempts {
 			continue
 		}

@@ -1,6 +1,9 @@
 package storage
 
-import "errors"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // ErrRoomMoved is returned by a room write built on forward extremities
 // the room no longer has (another write came first): the caller builds
@@ -62,7 +65,10 @@ type RoomWrite struct {
 	// Txn, when set, records the last event as the result of a client's
 	// transaction.
 	Txn *RoomTxn
-	Now int64 // milliseconds
+	// Federate queues the events for the other servers in the room (our
+	// own events: every local write sets it), in the same transaction.
+	Federate bool
+	Now      int64 // milliseconds
 }
 
 // RoomTxn names a client's request: one device, one path.
@@ -75,6 +81,18 @@ type RoomWriteResult struct {
 	Change
 	// NewlyStale are remote users whose device lists are now tracked.
 	NewlyStale []StaleUser
+	// PDUsQueued says events were queued for other servers: the sender
+	// has work.
+	PDUsQueued bool
+}
+
+// OutboundPDU is one of our events queued for another server; ID orders
+// the destination's queue.
+type OutboundPDU struct {
+	ID          int64
+	Destination string
+	EventID     string
+	JSON        json.RawMessage // the PDU as stored
 }
 
 // RoomMember is a user's current membership of a room, with the event

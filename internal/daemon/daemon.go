@@ -242,6 +242,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	}
 	ko.Sender.Workers = cfg.Federation.SenderWorkers
 	ko.Sender.ToDevice = store
+	ko.Sender.PDUs = store
 	// The to-device service tells the domain of its changes, and the
 	// domain hands it the EDUs of other servers: d.ks is set below, before
 	// any request is served.
@@ -260,7 +261,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	ko.Federation = d.fed
 	d.ks = keyserver.New(store, ko)
 	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-		Sink: d.ks, Logger: log})
+		Sink: d.ks, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{

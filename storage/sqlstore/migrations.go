@@ -495,6 +495,23 @@ CREATE TABLE sync_filters (
 	PRIMARY KEY (user_id, filter_id)
 );
 `},
+	// 15 is left for a change made alongside; numbers may skip.
+	{16, "outbound PDUs", `
+-- our room events waiting to be sent to other servers, per destination in
+-- the order queued (id); the device-list sender delivers them with its
+-- EDUs. A row names the event by its nid in room_events rather than
+-- holding a copy of the PDU: a stored event does not change, and one
+-- event usually goes to several servers, so its JSON is kept once and
+-- read when its transaction is built. A row goes when its transaction is
+-- delivered; an event is queued once per destination.
+CREATE TABLE outbound_pdus (
+	id          {{ID}},
+	destination {{TEXT}} NOT NULL,
+	event_nid   {{BIGINT}} NOT NULL,
+	UNIQUE (destination, event_nid)
+);
+CREATE INDEX outbound_pdus_destination ON outbound_pdus (destination, id);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

@@ -18,7 +18,8 @@ import (
 // extremities (the last event), and, for each membership event, the
 // membership the device-list side reads (storage.SetMembership's own
 // transaction body), so that who shares a room with whom changes with the
-// event. The change concerns the room's local members.
+// event, and, with Federate, the events queued for the room's other
+// servers (txQueueRoomPDUs). The change concerns the room's local members.
 func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ storage.RoomWriteResult, err error) {
 	defer named("WriteRoomEvents", &err)
 	var res storage.RoomWriteResult
@@ -93,6 +94,11 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 			return err
 		}
 		tx.concern(members...)
+		if w.Federate {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, w.RoomID, w.Events, nil); err != nil {
+				return err
+			}
+		}
 		if t := w.Txn; t != nil && len(w.Events) > 0 {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, $5)`,
 				t.UserID, t.DeviceID, t.Path, w.Events[len(w.Events)-1].EventID, w.Now); err != nil {
