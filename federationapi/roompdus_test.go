@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,7 +48,10 @@ type pduWatcher struct {
 	*testutil.Origin
 	mu     sync.Mutex
 	events []gomatrixserverlib.PDU
-	txns   int
+	// down makes it answer 503 to every /send, recording nothing;
+	// attempts counts those.
+	down     atomic.Bool
+	attempts atomic.Int32
 }
 
 func newPDUWatcher(t *testing.T, from *testutil.Node) *pduWatcher {
@@ -55,12 +59,18 @@ func newPDUWatcher(t *testing.T, from *testutil.Node) *pduWatcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := fixedKey{server: from.ServerName, id: key.KeyID, key: key.PublicKey()}
+	sender := from.ServerName // from.Server is replaced when the node restarts
+	keys := fixedKey{server: sender, id: key.KeyID, key: key.PublicKey()}
 	w := &pduWatcher{Origin: testutil.NewOrigin(t)}
 	w.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(rw http.ResponseWriter, r *http.Request) {
 		writeJSON(rw, map[string]any{"user_id": r.PathValue("user"), "stream_id": 1, "devices": []any{}})
 	})
 	w.Mux.HandleFunc("PUT /_matrix/federation/v1/send/{txn}", func(rw http.ResponseWriter, r *http.Request) {
+		w.attempts.Add(1)
+		if w.down.Load() {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		fr, resp := fclient.VerifyHTTPRequest(r, time.Now(), spec.ServerName(w.Name), nil, keys)
 		if fr == nil {
 			t.Errorf("a /send that fails X-Matrix: %d %v", resp.Code, resp.JSON)
@@ -71,7 +81,7 @@ func newPDUWatcher(t *testing.T, from *testutil.Node) *pduWatcher {
 			Origin string            `json:"origin"`
 			PDUs   []json.RawMessage `json:"pdus"`
 		}
-		if err := json.Unmarshal(fr.Content(), &txn); err != nil || txn.Origin != from.ServerName || string(fr.Origin()) != from.ServerName {
+		if err := json.Unmarshal(fr.Content(), &txn); err != nil || txn.Origin != sender || string(fr.Origin()) != sender {
 			t.Errorf("transaction from %s: %s (%v)", fr.Origin(), fr.Content(), err)
 		}
 		impl := gomatrixserverlib.MustGetRoomVersion(gomatrixserverlib.RoomVersionV10)
@@ -91,7 +101,6 @@ func newPDUWatcher(t *testing.T, from *testutil.Node) *pduWatcher {
 		}
 		w.mu.Lock()
 		w.events = append(w.events, evs...)
-		w.txns++
 		w.mu.Unlock()
 		writeJSON(rw, map[string]any{"pdus": map[string]any{}})
 	})
@@ -195,5 +204,32 @@ func TestRoomEventsReachTheRoomsServers(t *testing.T) {
 			d, err := n.Store.PDUDestinations(context.Background())
 			return err == nil && len(d) == 0
 		})
+	})
+}
+
+// Events queued while the room's other server is down stay queued across
+// a restart of the daemon and reach it, once, when it is back.
+func TestRoomEventsSurviveRestart(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		alice := n.Register(t, "alice", "A1")
+		w := newPDUWatcher(t, n)
+		w.down.Store(true)
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{"preset": "public_chat"})["room_id"].(string)
+		joinAs(t, n, w.Origin, roomID, "@bob:"+w.Name)
+		var want []string
+		for i := 0; i < 3; i++ {
+			r := n.Must(t, "PUT", fmt.Sprintf("/_matrix/client/v3/rooms/%s/send/m.room.message/t%d", url.PathEscape(roomID), i), alice.Token,
+				map[string]any{"msgtype": "m.text", "body": "queued"})
+			want = append(want, r["event_id"].(string))
+		}
+		eventually(t, "a failed attempt", func() bool { return w.attempts.Load() > 0 })
+		n.Stop()
+		w.down.Store(false)
+		n.Restart()
+		eventually(t, "the events at B after the restart", func() bool { return len(w.received()) >= len(want) })
+		if got := w.received(); !slices.Equal(got, want) {
+			t.Fatalf("B received %v, want %v", got, want)
+		}
 	})
 }
