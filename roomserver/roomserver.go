@@ -254,6 +254,15 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 		SenderID: sender, RoomID: c.roomID, Type: evType, StateKey: stateKey, Content: raw,
 		PrevEvents: prev, Depth: c.depth + 1,
 	}
+	if evType == spec.MRoomRedaction {
+		var r struct {
+			Redacts string `json:"redacts"`
+		}
+		if json.Unmarshal(raw, &r) != nil || r.Redacts == "" {
+			return nil, mxerr.BadJSON("a redaction needs the ID of the event it redacts in content.redacts")
+		}
+		proto.Redacts = r.Redacts
+	}
 	eb := c.impl.NewEventBuilderFromProtoEvent(&proto)
 	ae, err := c.authEvents()
 	if err != nil {
@@ -354,8 +363,13 @@ func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType strin
 			}
 			c.records[len(c.records)-1] = record(ev)
 		}
-		res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities,
-			Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()})
+		w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()}
+		if red, err := s.redaction(ctx, ev); err != nil {
+			return nil, err
+		} else if red != nil {
+			w.Redactions = []storage.RoomRedaction{*red}
+		}
+		res, err := s.db.WriteRoomEvents(ctx, w)
 		if errors.Is(err, storage.ErrRoomMoved) && attempt < maxAttempts {
 			continue
 		}

@@ -62,7 +62,15 @@ type RoomWrite struct {
 	// Txn, when set, records the last event as the result of a client's
 	// transaction.
 	Txn *RoomTxn
-	Now int64 // milliseconds
+	// Redactions replace events' JSON by their redacted form.
+	Redactions []RoomRedaction
+	Now        int64 // milliseconds
+}
+
+// RoomRedaction is an event of a room redacted: its JSON from now on.
+type RoomRedaction struct {
+	EventID, RoomID string
+	JSON            []byte
 }
 
 // RoomTxn names a client's request: one device, one path.
@@ -129,5 +137,7 @@ type RoomIngest struct {
 	// (a join or leave this server was the resident for).
 	Federate    bool
 	SkipServers []string
-	Now         int64 // milliseconds
+	// Redactions replace events' JSON by their redacted form.
+	Redactions []RoomRedaction
+	Now        int64 // milliseconds
 }

@@ -55,6 +55,9 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 			}
 			depth = max(depth, in.Event.Depth)
 		}
+		if err := txRedact(ctx, tx, in.Redactions); err != nil {
+			return err
+		}
 		if in.NewExtremities != nil {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM room_extremities WHERE room_id = $1`, in.RoomID); err != nil {
 				return err
