@@ -383,7 +383,25 @@ func TestRoomMembership(t *testing.T) {
 		srv.Must(t, "POST", roomPath(roomID, "/leave"), bob.Token, nil)
 		expectUsers(t, "bob's rooms after leaving", joinedRooms(bob), nil)
 		expectError(t, srv, "POST", roomPath(roomID, "/leave"), bob.Token, nil, 403, "M_FORBIDDEN")
-		expectError(t, srv, "GET", roomPath(roomID, "/state"), bob.Token, nil, 403, "M_FORBIDDEN")
+		// A user who left reads the state as it was when they left: their
+		// leave, not later changes.
+		srv.Must(t, "PUT", roomPath(roomID, "/state/m.room.topic/"), alice.Token, map[string]any{"topic": "after bob left"})
+		var left []map[string]any
+		getJSON(t, srv, roomPath(roomID, "/state"), bob.Token, &left)
+		for _, ev := range left {
+			if ev["type"] == "m.room.topic" && ev["content"].(map[string]any)["topic"] == "after bob left" {
+				t.Fatal("bob reads state changed after he left")
+			}
+			if ev["type"] == "m.room.member" && ev["state_key"] == bob.UserID && ev["content"].(map[string]any)["membership"] != "leave" {
+				t.Fatalf("bob's membership in the state when he left: %v", ev["content"])
+			}
+		}
+		if len(left) == 0 {
+			t.Fatal("bob gets no state of the room he left")
+		}
+		// Someone never in the room reads nothing.
+		dave := srv.Register(t, "dave", "")
+		expectError(t, srv, "GET", roomPath(roomID, "/state"), dave.Token, nil, 403, "M_FORBIDDEN")
 		srv.Must(t, "POST", roomPath(roomID, "/forget"), bob.Token, nil)
 		expectError(t, srv, "POST", roomPath("!nowhere:test.local", "/forget"), bob.Token, nil, 404, "M_NOT_FOUND")
 

@@ -113,6 +113,12 @@ func (e *HTTPError) Error() string {
 	return fmt.Sprintf("%s answered %d %s %s", e.Destination, e.Status, e.Errcode, e.Message)
 }
 
+// StatusCode, ErrCode and ErrMessage describe the answer to callers
+// that declare what they need of it.
+func (e *HTTPError) StatusCode() int    { return e.Status }
+func (e *HTTPError) ErrCode() string    { return e.Errcode }
+func (e *HTTPError) ErrMessage() string { return e.Message }
+
 // BackoffError is returned without contacting a destination that is
 // backing off after failures.
 type BackoffError struct {

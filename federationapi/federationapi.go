@@ -44,6 +44,8 @@ type Options struct {
 	// request: it is up, which ends any backoff towards it.
 	OnAuthenticated func(origin string)
 	MaxRequestBytes int64
+	// Membership answers the membership handshakes; nil: none.
+	Membership RoomMembership
 	// RateLimit bounds each remote server's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
 	Logger    logrus.FieldLogger
@@ -94,6 +96,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.Handle("/_matrix/federation/v1/user/keys/claim", a.authed(a.claimKeys)).Methods(http.MethodPost)
 	r.Handle("/_matrix/federation/v1/user/devices/{userId}", a.authed(a.userDevices)).Methods(http.MethodGet)
 	r.Handle("/_matrix/federation/v1/send/{txnId}", a.authed(a.send)).Methods(http.MethodPut)
+	a.membershipRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 

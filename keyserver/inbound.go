@@ -40,6 +40,16 @@ type DirectToDeviceReceiver interface {
 	ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error
 }
 
+// PDUReceiver takes the PDUs of a transaction (package roomserver) and
+// returns each one's error by event ID, "" for one accepted.
+type PDUReceiver interface {
+	ReceivePDUs(ctx context.Context, origin string, pdus []json.RawMessage) map[string]string
+}
+
+// SetPDUReceiver gives transactions' PDUs to the rooms. Rooms are made
+// after the service, so this comes before serving starts.
+func (s *Service) SetPDUReceiver(r PDUReceiver) { s.pdus = r }
+
 type transaction struct {
 	Origin string            `json:"origin"`
 	PDUs   []json.RawMessage `json:"pdus"`
@@ -66,6 +76,21 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 		return nil, mxerr.BadJSON("a transaction carries at most %d PDUs and %d EDUs", maxPDUsPerTransaction, maxEDUsInTransaction)
 	}
 	log := s.logger(ctx).WithFields(logrus.Fields{"origin": origin, "txn_id": txnID})
+	// PDUs first: a membership they bring decides whether the device-list
+	// updates of the same transaction concern anyone here.
+	var pdus map[string]any
+	if s.pdus != nil && len(t.PDUs) > 0 {
+		pdus = map[string]any{}
+		for id, msg := range s.pdus.ReceivePDUs(ctx, origin, t.PDUs) {
+			if msg == "" {
+				pdus[id] = map[string]any{}
+			} else {
+				pdus[id] = map[string]string{"error": msg}
+			}
+		}
+	} else {
+		pdus = pduResults(t.PDUs)
+	}
 	// A body origin that differs from the authenticated one is ignored.
 	resync := map[string]bool{}
 	for _, e := range t.EDUs {
@@ -94,7 +119,7 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 	}
 	s.resyncWithin(ctx, origin, resync, log)
 
-	answer, err := json.Marshal(map[string]any{"pdus": pduResults(t.PDUs)})
+	answer, err := json.Marshal(map[string]any{"pdus": pdus})
 	if err != nil {
 		return nil, err
 	}
@@ -235,8 +260,7 @@ func (s *Service) resyncWithin(ctx context.Context, server string, users map[str
 	}
 }
 
-// pduResults reports every PDU as not processed: this server keeps no
-// rooms. Event IDs are computed as for current room versions (the only
+// pduResults reports every PDU as not processed, without rooms. Event IDs are computed as for current room versions (the only
 // way to name them); a PDU that cannot be parsed is left out.
 func pduResults(pdus []json.RawMessage) map[string]any {
 	out := map[string]any{}

@@ -80,6 +80,7 @@ type Service struct {
 	now       func() time.Time
 	passwords *passwordPool
 	rooms     RoomsSource // nil: /sync has no rooms part
+	pdus      PDUReceiver // nil: PDUs are answered as not processed
 	// dummyHash is compared against when a login names an unknown user, so
 	// that answering takes as long as for a wrong password.
 	dummyHash []byte

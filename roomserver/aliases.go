@@ -21,6 +21,13 @@ func checkAlias(alias string) (string, error) {
 	return server, nil
 }
 
+// resolveAliasServers resolves an alias to its room and the servers to
+// join it through.
+func (s *Service) resolveAliasServers(ctx context.Context, alias string) (string, []string, error) {
+	roomID, err := s.resolveAlias(ctx, alias)
+	return roomID, nil, err
+}
+
 func (s *Service) resolveAlias(ctx context.Context, alias string) (string, error) {
 	server, err := checkAlias(alias)
 	if err != nil {

@@ -88,9 +88,6 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 		if _, err := spec.NewUserID(u, true); err != nil {
 			return "", mxerr.BadJSON("%q is not a valid user ID", u)
 		}
-		if !s.isLocalUser(u) {
-			return "", mxerr.Forbidden("inviting users of other servers is not supported yet")
-		}
 	}
 	for _, st := range req.InitialState {
 		if st.Type == "" || !isObject(st.Content) {
@@ -190,15 +187,16 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 			content          any
 		}{"m.room.topic", "", map[string]any{"topic": *req.Topic}})
 	}
+	var remoteInvites []string
 	for _, u := range req.Invite {
-		content := map[string]any{"membership": spec.Invite}
-		if req.IsDirect {
-			content["is_direct"] = true
+		if !s.isLocalUser(u) {
+			remoteInvites = append(remoteInvites, u) // once the room exists: their servers sign them
+			continue
 		}
 		steps = append(steps, struct {
 			evType, stateKey string
 			content          any
-		}{spec.MRoomMember, u, content})
+		}{spec.MRoomMember, u, inviteContent(req.IsDirect)})
 	}
 	for _, st := range steps {
 		if _, err := c.add(creator, st.evType, ptr(st.stateKey), st.content); err != nil {
@@ -220,7 +218,20 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 		return "", err
 	}
 	s.written(res)
+	for _, u := range remoteInvites {
+		if err := s.invite(ctx, creator, roomID, u, inviteContent(req.IsDirect)); err != nil {
+			s.opts.Logger.WithField("room_id", roomID).WithField("invitee", u).WithError(err).Info("an invite of a new room failed")
+		}
+	}
 	return roomID, nil
+}
+
+func inviteContent(direct bool) map[string]any {
+	content := map[string]any{"membership": spec.Invite}
+	if direct {
+		content["is_direct"] = true
+	}
+	return content
 }
 
 func isObject(raw json.RawMessage) bool {

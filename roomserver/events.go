@@ -60,8 +60,15 @@ func (s *Service) Send(ctx context.Context, sender, deviceID, roomID, evType, tx
 		return "", mxerr.BadJSON("the event type is empty")
 	}
 	if evType == spec.MRoomRedaction {
-		// Redactions need the event they redact checked: to come.
-		return "", mxerr.BadJSON("redactions are not supported yet")
+		var r struct {
+			Redacts string `json:"redacts"`
+		}
+		if json.Unmarshal(content, &r) != nil || r.Redacts == "" {
+			return "", mxerr.BadJSON("a redaction needs the ID of the event it redacts in content.redacts")
+		}
+		if err := s.checkLocalRedaction(ctx, sender, roomID, r.Redacts); err != nil {
+			return "", err
+		}
 	}
 	path, _ := json.Marshal([]string{"send", roomID, evType, txnID}) // unambiguous, whatever the parts hold
 	txn := &storage.RoomTxn{UserID: sender, DeviceID: deviceID, Path: string(path)}
@@ -107,9 +114,15 @@ func (s *Service) joined(ctx context.Context, roomID, userID string) error {
 	return nil
 }
 
-// State returns a room's current state.
+// State returns a room's current state; a user who left or was banned
+// gets the state as it was when they left.
 func (s *Service) State(ctx context.Context, userID, roomID string) ([]ClientEvent, error) {
-	if err := s.joined(ctx, roomID, userID); err != nil {
+	err := s.joined(ctx, roomID, userID)
+	var mx *mxerr.Error
+	if errors.As(err, &mx) && mx.Code == "M_FORBIDDEN" {
+		return s.stateWhenLeft(ctx, userID, roomID, err)
+	}
+	if err != nil {
 		return nil, err
 	}
 	evs, err := s.db.RoomCurrentState(ctx, roomID)
@@ -117,6 +130,31 @@ func (s *Service) State(ctx context.Context, userID, roomID string) ([]ClientEve
 		return nil, err
 	}
 	return clientEvents(evs)
+}
+
+// stateWhenLeft is the state of a room after the user's leave (or ban),
+// as Synapse answers it; a user who never had one gets notIn.
+func (s *Service) stateWhenLeft(ctx context.Context, userID, roomID string, notIn error) ([]ClientEvent, error) {
+	member, err := s.db.RoomStateEvents(ctx, roomID, []storage.StateKey{{Type: spec.MRoomMember, StateKey: userID}})
+	if err != nil {
+		return nil, err
+	}
+	if len(member) != 1 || (member[0].Membership != spec.Leave && member[0].Membership != spec.Ban) {
+		return nil, notIn
+	}
+	before, err := s.db.RoomStateBefore(ctx, member[0].EventID)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, notIn // an invite to a room this server is not in, rejected
+	} else if err != nil {
+		return nil, err
+	}
+	var after []storage.RoomEvent
+	for _, ev := range before {
+		if ev.Type != spec.MRoomMember || ev.StateKey == nil || *ev.StateKey != userID {
+			after = append(after, ev)
+		}
+	}
+	return clientEvents(append(after, member[0]))
 }
 
 // StateContent returns the content of one piece of a room's state.

@@ -3,8 +3,10 @@ package roomserver
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
+	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -15,50 +17,108 @@ import (
 // current state and checked by the auth rules (which decide who may
 // invite, kick, ban and unban whom).
 
-// Join joins a local room by ID or alias; it returns the room ID.
-func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string) (string, error) {
+// Join joins a room by ID or alias; it returns the room ID. A room this
+// server is in is joined with a local event; any other is joined over
+// federation through via (the client's server_name), the servers an
+// alias named, the inviter's server, and the room ID's server, in turn.
+func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string, via []string) (string, error) {
 	roomID := roomIDOrAlias
+	servers := slices.Clone(via)
 	if strings.HasPrefix(roomIDOrAlias, "#") {
-		a, err := s.resolveAlias(ctx, roomIDOrAlias)
+		a, aliasServers, err := s.resolveAliasServers(ctx, roomIDOrAlias)
 		if err != nil {
 			return "", err
 		}
 		roomID = a
+		servers = append(servers, aliasServers...)
 	} else if !strings.HasPrefix(roomIDOrAlias, "!") {
 		return "", mxerr.InvalidParam("%q is neither a room ID nor an alias", roomIDOrAlias)
 	}
-	if _, err := s.db.Room(ctx, roomID); errors.Is(err, storage.ErrNotFound) {
-		// Rooms of other servers are joined over federation, to come.
-		return "", errNoRoom(roomID)
-	} else if err != nil {
+	local, err := s.joinsLocally(ctx, roomID)
+	if err != nil {
 		return "", err
 	}
 	// Joining again changes nothing (as in Synapse): no new event.
-	if m, err := s.db.RoomMembership(ctx, roomID, userID); err != nil {
+	m, err := s.db.RoomMembership(ctx, roomID, userID)
+	if err != nil {
 		return "", err
-	} else if m == spec.Join {
+	}
+	if m == spec.Join && local {
 		return roomID, nil
 	}
-	if _, err := s.member(ctx, roomID, userID, userID, spec.Join, reason); err != nil {
+	content := map[string]any{"membership": spec.Join}
+	if reason != "" {
+		content["reason"] = reason
+	}
+	if local {
+		if _, err := s.send(ctx, roomID, userID, spec.MRoomMember, &userID, content, nil); err != nil {
+			return "", err
+		}
+		return roomID, nil
+	}
+	if m == spec.Invite {
+		if inv, err := s.db.RoomStateEvents(ctx, roomID, []storage.StateKey{{Type: spec.MRoomMember, StateKey: userID}}); err != nil {
+			return "", err
+		} else if len(inv) == 1 {
+			servers = append(servers, serverOf(inv[0].Sender))
+		}
+	}
+	servers = append(servers, serverOf(roomID))
+	var unique []string
+	for _, srv := range servers {
+		if srv != "" && !slices.Contains(unique, srv) {
+			unique = append(unique, srv)
+		}
+	}
+	if err := s.joinRemote(ctx, userID, roomID, unique, content); err != nil {
 		return "", err
 	}
 	return roomID, nil
 }
 
-// Invite invites a user (local only for now).
+// joinsLocally reports whether a join of a room is a local event: the
+// room is known and a user of this server is in it, or it was created
+// here and no other server is in it.
+func (s *Service) joinsLocally(ctx context.Context, roomID string) (bool, error) {
+	if _, err := s.db.Room(ctx, roomID); errors.Is(err, storage.ErrNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	if in, err := s.localServerInRoom(ctx, roomID); err != nil || in {
+		return in, err
+	}
+	servers, err := s.joinedServers(ctx, roomID)
+	if err != nil {
+		return false, err
+	}
+	return len(servers) == 0 && serverOf(roomID) == s.opts.ServerName, nil
+}
+
+// Invite invites a user; a user of another server is invited through
+// their server, which signs the invite first.
 func (s *Service) Invite(ctx context.Context, sender, roomID, target, reason string) error {
+	content := map[string]any{"membership": spec.Invite}
+	if reason != "" {
+		content["reason"] = reason
+	}
+	return s.invite(ctx, sender, roomID, target, content)
+}
+
+func (s *Service) invite(ctx context.Context, sender, roomID, target string, content map[string]any) error {
 	if _, err := spec.NewUserID(target, true); err != nil {
 		return mxerr.BadJSON("%q is not a valid user ID", target)
-	}
-	if !s.isLocalUser(target) {
-		return mxerr.Forbidden("inviting users of other servers is not supported yet")
 	}
 	if m, err := s.db.RoomMembership(ctx, roomID, target); err != nil {
 		return err
 	} else if m == spec.Invite {
 		return nil // inviting again succeeds and changes nothing
 	}
-	_, err := s.member(ctx, roomID, sender, target, spec.Invite, reason)
+	var finish func(gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error)
+	if !s.isLocalUser(target) {
+		finish = func(ev gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error) { return s.inviteRemote(ctx, ev) }
+	}
+	_, err := s.sendFinished(ctx, roomID, sender, spec.MRoomMember, &target, content, nil, finish)
 	return err
 }
 
@@ -73,6 +133,14 @@ func (s *Service) Leave(ctx context.Context, userID, roomID, reason string) erro
 			return errNoRoom(roomID)
 		}
 		return mxerr.Forbidden("you are not in room %s", roomID)
+	} else if m == spec.Invite {
+		// An invite to a room this server is not in is rejected through
+		// the inviter's server.
+		if in, err := s.localServerInRoom(ctx, roomID); err != nil {
+			return err
+		} else if !in {
+			return s.rejectRemoteInvite(ctx, userID, roomID)
+		}
 	}
 	_, err := s.member(ctx, roomID, userID, userID, spec.Leave, reason)
 	return err

@@ -87,6 +87,8 @@ type Store interface {
 	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
 	RoomEventsByID(ctx context.Context, ids []string) ([]storage.RoomEvent, error)
+	RoomStateAfter(ctx context.Context, eventID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
+	IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (storage.RoomWriteResult, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
 	UserRoomMemberships(ctx context.Context, userID string) ([]storage.RoomMember, error)
 	RoomTxnEvent(ctx context.Context, t storage.RoomTxn) (string, error)
@@ -112,6 +114,13 @@ type Options struct {
 	KeyID      gomatrixserverlib.KeyID
 	PrivateKey ed25519.PrivateKey
 	Sink       MembershipSink
+	// KeyRing checks other servers' signatures on events.
+	KeyRing *gomatrixserverlib.KeyRing
+	// Remote fetches events from other servers; nil: none are fetched.
+	Remote RemoteEvents
+	// Handshakes join, invite and leave over federation; nil: rooms of
+	// other servers cannot be joined.
+	Handshakes Handshakes
 	// Federated queues our events for the other servers in their rooms,
 	// in the transaction that writes them (storage.RoomWrite.Federate);
 	// the write's result says so (PDUsQueued), and Sink pokes the sender.
@@ -256,6 +265,15 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 		SenderID: sender, RoomID: c.roomID, Type: evType, StateKey: stateKey, Content: raw,
 		PrevEvents: prev, Depth: c.depth + 1,
 	}
+	if evType == spec.MRoomRedaction {
+		var r struct {
+			Redacts string `json:"redacts"`
+		}
+		if json.Unmarshal(raw, &r) != nil || r.Redacts == "" {
+			return nil, mxerr.BadJSON("a redaction needs the ID of the event it redacts in content.redacts")
+		}
+		proto.Redacts = r.Redacts
+	}
 	eb := c.impl.NewEventBuilderFromProtoEvent(&proto)
 	ae, err := c.authEvents()
 	if err != nil {
@@ -301,6 +319,14 @@ const maxAttempts = 20
 // send builds one event on a room's current state and writes it; txn
 // (optional) records it as a client transaction's result.
 func (s *Service) send(ctx context.Context, roomID, sender, evType string, stateKey *string, content any, txn *storage.RoomTxn) (gomatrixserverlib.PDU, error) {
+	return s.sendFinished(ctx, roomID, sender, evType, stateKey, content, txn, nil)
+}
+
+// sendFinished is send with a last step between building the event and
+// writing it: finish returns the event to write (an invite signed by the
+// invitee's server).
+func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType string, stateKey *string, content any, txn *storage.RoomTxn,
+	finish func(gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error)) (gomatrixserverlib.PDU, error) {
 	defer s.lock(roomID)()
 	if txn != nil {
 		if id, err := s.db.RoomTxnEvent(ctx, *txn); err == nil {
@@ -342,8 +368,20 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 		if err != nil {
 			return nil, err
 		}
-		res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities,
-			Events: c.records, Txn: txn, Federate: s.opts.Federated, Now: s.opts.Now().UnixMilli()})
+		if finish != nil {
+			if ev, err = finish(ev); err != nil {
+				return nil, err
+			}
+			c.records[len(c.records)-1] = record(ev)
+		}
+		w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Events: c.records, Txn: txn, Federate: s.opts.Federated,
+			Now: s.opts.Now().UnixMilli()}
+		if red, err := s.redaction(ctx, ev); err != nil {
+			return nil, err
+		} else if red != nil {
+			w.Redactions = []storage.RoomRedaction{*red}
+		}
+		res, err := s.db.WriteRoomEvents(ctx, w)
 		if errors.Is(err, storage.ErrRoomMoved) && attempt < maxAttempts {
 			continue
 		}

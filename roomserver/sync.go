@@ -338,6 +338,25 @@ func (s *Service) inviteState(ctx context.Context, inviteID string) (*InvitedRoo
 	}
 	inv := &InvitedRoom{}
 	inv.InviteState.Events = []gomatrixserverlib.InviteStrippedState{}
+	if errors.Is(err, storage.ErrNotFound) {
+		// An invite to a room this server is not in: the stripped state
+		// its sender gave, kept in the event's unsigned part.
+		p, err := pdu(invite)
+		if err != nil {
+			return nil, err
+		}
+		var unsigned struct {
+			InviteRoomState []gomatrixserverlib.InviteStrippedState `json:"invite_room_state"`
+		}
+		_ = json.Unmarshal(p.Unsigned(), &unsigned)
+		for _, st := range unsigned.InviteRoomState {
+			if st.Type() != spec.MRoomMember || st.StateKey() == nil || *st.StateKey() != *invite.StateKey {
+				inv.InviteState.Events = append(inv.InviteState.Events, st)
+			}
+		}
+		inv.InviteState.Events = append(inv.InviteState.Events, gomatrixserverlib.NewInviteStrippedState(p))
+		return inv, nil
+	}
 	for _, ev := range append(before, invite) {
 		if !slices.Contains(strippedTypes, ev.Type) && ev.EventID != inviteID {
 			continue

@@ -65,10 +65,18 @@ type RoomWrite struct {
 	// Txn, when set, records the last event as the result of a client's
 	// transaction.
 	Txn *RoomTxn
+	// Redactions replace events' JSON by their redacted form.
+	Redactions []RoomRedaction
 	// Federate queues the events for the other servers in the room (our
 	// own events: every local write sets it), in the same transaction.
 	Federate bool
 	Now      int64 // milliseconds
+}
+
+// RoomRedaction is an event of a room redacted: its JSON from now on.
+type RoomRedaction struct {
+	EventID, RoomID string
+	JSON            []byte
 }
 
 // RoomTxn names a client's request: one device, one path.
@@ -111,4 +119,43 @@ type RoomAlias struct {
 // StateKey names a piece of a room's state.
 type StateKey struct {
 	Type, StateKey string
+}
+
+// RoomIngest is a write of events that are not a local chain built on
+// the room's current state: other servers' events, the state and auth
+// chain of a join over federation, an invite to a room this server is not
+// in. It is one transaction, like RoomWrite.
+type RoomIngest struct {
+	RoomID string
+	// Create inserts the room's record when the room is unknown; a known
+	// room keeps its own.
+	Create *Room
+	// Outliers are stored first, without state; events already stored
+	// stay as they are.
+	Outliers []RoomEvent
+	// Event, when set, is placed in the room: with the state before it
+	// (the state after the event StateAfter, or exactly the events
+	// StateBefore, one per key) and a stream position. Its Rejected flag
+	// stores it without either; a SoftFailed one gets both but is hidden
+	// from clients. An event stored before as an outlier is placed now.
+	Event       *RoomEvent
+	StateAfter  string
+	StateBefore []string
+	// NewExtremities, when not nil, replace the room's extremities; the
+	// write then fails with ErrRoomMoved unless the room's extremities are
+	// still Extremities (those the write was decided on).
+	Extremities, NewExtremities []string
+	// The room's current state becomes the state after Event when
+	// CurrentAfterEvent, exactly the events CurrentState when not nil, or
+	// takes the events PutState in place of those with their keys.
+	CurrentAfterEvent bool
+	CurrentState      []string
+	PutState          []string
+	// Federate sends Event on to the room's other servers but SkipServers
+	// (a join or leave this server was the resident for).
+	Federate    bool
+	SkipServers []string
+	// Redactions replace events' JSON by their redacted form.
+	Redactions []RoomRedaction
+	Now        int64 // milliseconds
 }

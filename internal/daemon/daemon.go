@@ -260,9 +260,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.fed = fedclient.New(fo)
 	ko.Federation = d.fed
 	d.ks = keyserver.New(store, ko)
+	keyRing := fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey())
 	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-		Sink: d.ks, Federated: true, Logger: log})
+		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
+	d.ks.SetPDUReceiver(rooms)
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
@@ -290,7 +292,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			SigningKey:      key,
 			KeyValidity:     cfg.Federation.KeyValidity.Duration(),
 			OldVerifyKeys:   oldVerifyKeys(cfg),
-			KeyRing:         fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey()),
+			KeyRing:         keyRing,
+			Membership:      rooms,
 			OnAuthenticated: d.serverAlive,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			RateLimit:       ratelimit.New(float64(cfg.Federation.RateLimitPerSecond), cfg.Federation.RateLimitBurst, nil),

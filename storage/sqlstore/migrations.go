@@ -495,15 +495,28 @@ CREATE TABLE sync_filters (
 	PRIMARY KEY (user_id, filter_id)
 );
 `},
-	// 15 is left for a change made alongside; numbers may skip.
+	{15, "rooms: the state after each event, for events that build on events other than the newest", `
+-- state_after is the snapshot of the room's state after the event: its
+-- state_before for a message, a new snapshot for a state event. An event
+-- from another server is placed after the state after its prev_events.
+ALTER TABLE room_events ADD COLUMN state_after {{BIGINT}};
+-- Until now every room was one chain: the state after an event is the
+-- state before the next one, or the room's current state after the last.
+UPDATE room_events SET state_after = state_before WHERE state_key IS NULL AND state_before IS NOT NULL;
+UPDATE room_events SET state_after = COALESCE(
+	(SELECT e2.state_before FROM room_events e2 WHERE e2.room_id = room_events.room_id
+		AND e2.event_nid > room_events.event_nid AND e2.state_before IS NOT NULL ORDER BY e2.event_nid LIMIT 1),
+	(SELECT r.state_snapshot FROM rooms r WHERE r.room_id = room_events.room_id))
+WHERE state_key IS NOT NULL AND state_before IS NOT NULL;
+`},
 	{16, "outbound PDUs", `
 -- our room events waiting to be sent to other servers, per destination in
 -- the order queued (id); the device-list sender delivers them with its
 -- EDUs. A row names the event by its nid in room_events rather than
--- holding a copy of the PDU: a stored event does not change, and one
--- event usually goes to several servers, so its JSON is kept once and
--- read when its transaction is built. A row goes when its transaction is
--- delivered; an event is queued once per destination.
+-- holding a copy of the PDU: one event usually goes to several servers,
+-- so its JSON is kept once, and read when its transaction is built (an
+-- event redacted meanwhile goes out redacted). A row goes when its
+-- transaction is delivered; an event is queued once per destination.
 CREATE TABLE outbound_pdus (
 	id          {{ID}},
 	destination {{TEXT}} NOT NULL,

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,6 +100,9 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 				return err
 			}
 		}
+		if err := txRedact(ctx, tx, w.Redactions); err != nil {
+			return err
+		}
 		if t := w.Txn; t != nil && len(w.Events) > 0 {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, $5)`,
 				t.UserID, t.DeviceID, t.Path, w.Events[len(w.Events)-1].EventID, w.Now); err != nil {
@@ -111,6 +115,17 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 	return res, err
 }
 
+// txRedact replaces redacted events' JSON.
+func txRedact(ctx context.Context, tx *txn, redactions []storage.RoomRedaction) error {
+	for _, r := range redactions {
+		if _, err := tx.ExecContext(ctx, `UPDATE room_events SET event_json = $1 WHERE event_id = $2 AND room_id = $3`,
+			string(r.JSON), r.EventID, r.RoomID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // txWriteRoomEvent writes one event after *snapshot (the state before
 // it), moving *snapshot past it when it is a state event, and returns its
 // nid. Its stream position comes later (txPlaceRoomEvent).
@@ -119,19 +134,22 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	if ev.StateKey != nil {
 		stateKey = *ev.StateKey
 	}
+	// A state event makes the snapshot of the state after it.
+	next := *snapshot
+	if ev.StateKey != nil {
+		if err := tx.QueryRowContext(ctx, `INSERT INTO room_state_snapshots (room_id) VALUES ($1) RETURNING snapshot_nid`, ev.RoomID).Scan(&next); err != nil {
+			return 0, err
+		}
+	}
 	var nid int64
 	if err := tx.QueryRowContext(ctx, `INSERT INTO room_events
-		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING event_nid`,
-		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot).Scan(&nid); err != nil {
+		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before, state_after)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING event_nid`,
+		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot, next).Scan(&nid); err != nil {
 		return 0, err
 	}
 	if ev.StateKey == nil {
 		return nid, nil
-	}
-	var next int64
-	if err := tx.QueryRowContext(ctx, `INSERT INTO room_state_snapshots (room_id) VALUES ($1) RETURNING snapshot_nid`, ev.RoomID).Scan(&next); err != nil {
-		return 0, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid)
 		SELECT $1, event_type, state_key, event_nid FROM room_state_entries
@@ -244,9 +262,23 @@ func (s *Store) roomEvents(ctx context.Context, query string, params ...any) ([]
 			ev.StateKey = &stateKey.String
 		}
 		ev.JSON = []byte(js)
+		if ev.Type == "m.room.member" {
+			ev.Membership = membershipOf(js)
+		}
 		out = append(out, ev)
 	}
 	return out, rows.Err()
+}
+
+// membershipOf reads the membership of a member event's JSON.
+func membershipOf(js string) string {
+	var ev struct {
+		Content struct {
+			Membership string `json:"membership"`
+		} `json:"content"`
+	}
+	_ = json.Unmarshal([]byte(js), &ev) // checked before it was stored
+	return ev.Content.Membership
 }
 
 // RoomCurrentState returns the events of a room's current state.
@@ -289,6 +321,38 @@ func (s *Store) RoomStateBefore(ctx context.Context, eventID string) (_ []storag
 	}
 	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_state_entries se JOIN room_events e ON e.event_nid = se.event_nid
 		WHERE se.snapshot_nid = $1 ORDER BY e.event_nid`, snapshot.Int64)
+}
+
+// RoomStateAfter returns the state of a room after one of its placed
+// events: every key, or only keys when not nil (storage.ErrNotFound for
+// an outlier or a rejected event).
+func (s *Store) RoomStateAfter(ctx context.Context, eventID string, keys []storage.StateKey) (_ []storage.RoomEvent, err error) {
+	defer named("RoomStateAfter", &err)
+	var snapshot sql.NullInt64
+	if err := s.q.QueryRowContext(ctx, `SELECT state_after FROM room_events WHERE event_id = $1`, eventID).Scan(&snapshot); err != nil {
+		return nil, notFound(err)
+	}
+	if !snapshot.Valid {
+		return nil, storage.ErrNotFound
+	}
+	params := []any{snapshot.Int64}
+	var b strings.Builder
+	if keys != nil {
+		if len(keys) == 0 {
+			return nil, nil
+		}
+		b.WriteString(" AND (")
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteString(" OR ")
+			}
+			b.WriteString("(se.event_type = $" + strconv.Itoa(len(params)+1) + " AND se.state_key = $" + strconv.Itoa(len(params)+2) + ")")
+			params = append(params, k.Type, k.StateKey)
+		}
+		b.WriteString(")")
+	}
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_state_entries se JOIN room_events e ON e.event_nid = se.event_nid
+		WHERE se.snapshot_nid = $1`+b.String()+` ORDER BY e.event_nid`, params...)
 }
 
 // RoomEvent returns a stored event by ID, or storage.ErrNotFound.

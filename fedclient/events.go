@@ -1,0 +1,124 @@
+package fedclient
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"strings"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/fclient"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+)
+
+// Room events over federation: fetching events and state, and the join
+// and invite handshakes.
+
+// GetEvent fetches one event (GET /event/{eventId}).
+func (c *Client) GetEvent(ctx context.Context, dest, eventID string) (json.RawMessage, error) {
+	var out struct {
+		PDUs []json.RawMessage `json:"pdus"`
+	}
+	if err := c.Do(ctx, "GET", dest, "/_matrix/federation/v1/event/"+url.PathEscape(eventID), nil, &out); err != nil {
+		return nil, err
+	}
+	if len(out.PDUs) != 1 {
+		return nil, &HTTPError{Destination: dest, Status: 502, Message: "the answer does not hold one event"}
+	}
+	return out.PDUs[0], nil
+}
+
+// MissingEvents asks for the events of a room between earliest and
+// latest (POST /get_missing_events/{roomId}).
+func (c *Client) MissingEvents(ctx context.Context, dest, roomID string, earliest, latest []string, limit int, minDepth int64) ([]json.RawMessage, error) {
+	var out struct {
+		Events []json.RawMessage `json:"events"`
+	}
+	body := map[string]any{"earliest_events": nonNil(earliest), "latest_events": nonNil(latest), "limit": limit, "min_depth": minDepth}
+	err := c.Do(ctx, "POST", dest, "/_matrix/federation/v1/get_missing_events/"+url.PathEscape(roomID), body, &out)
+	return out.Events, err
+}
+
+// StateIDs asks for the state of a room before an event (GET /state_ids).
+func (c *Client) StateIDs(ctx context.Context, dest, roomID, eventID string) (stateIDs, authChainIDs []string, err error) {
+	var out fclient.RespStateIDs
+	err = c.Do(ctx, "GET", dest, "/_matrix/federation/v1/state_ids/"+url.PathEscape(roomID)+"?event_id="+url.QueryEscape(eventID), nil, &out)
+	return out.StateEventIDs, out.AuthEventIDs, err
+}
+
+// MakeJoin asks a resident server for a join event template, offering
+// every room version this server supports (GET /make_join).
+func (c *Client) MakeJoin(ctx context.Context, _, dest spec.ServerName, roomID, userID string) (gomatrixserverlib.MakeJoinResponse, error) {
+	q := url.Values{}
+	for v := range gomatrixserverlib.RoomVersions() {
+		q.Add("ver", string(v))
+	}
+	var out fclient.RespMakeJoin
+	err := c.Do(ctx, "GET", string(dest), "/_matrix/federation/v1/make_join/"+url.PathEscape(roomID)+"/"+url.PathEscape(userID)+"?"+q.Encode(), nil, &out)
+	if err == nil && out.RoomVersion == "" {
+		out.RoomVersion = gomatrixserverlib.RoomVersionV1 // servers that predate versions
+	}
+	return &out, err
+}
+
+// SendJoin sends a signed join to the resident server (PUT
+// /v2/send_join: the v1 answer's shape is broken on some servers).
+func (c *Client) SendJoin(ctx context.Context, _, dest spec.ServerName, event gomatrixserverlib.PDU) (gomatrixserverlib.SendJoinResponse, error) {
+	var out fclient.RespSendJoin
+	path := "/_matrix/federation/v2/send_join/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
+	err := c.Do(ctx, "PUT", string(dest), path, json.RawMessage(event.JSON()), &out)
+	return &out, err
+}
+
+// SendInvite asks the invitee's server to sign an invite (PUT
+// /v2/invite) and returns the event as it came back.
+func (c *Client) SendInvite(ctx context.Context, dest string, event gomatrixserverlib.PDU, strippedState []json.RawMessage) (json.RawMessage, error) {
+	var out fclient.RespInviteV2
+	body := map[string]any{"room_version": event.Version(), "event": json.RawMessage(event.JSON()), "invite_room_state": nonNilRaw(strippedState)}
+	path := "/_matrix/federation/v2/invite/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
+	err := c.Do(ctx, "PUT", dest, path, body, &out)
+	return json.RawMessage(out.Event), err
+}
+
+// MakeLeave asks a resident server for a leave event template (GET
+// /make_leave).
+func (c *Client) MakeLeave(ctx context.Context, dest, roomID, userID string) (gomatrixserverlib.ProtoEvent, gomatrixserverlib.RoomVersion, error) {
+	var out struct {
+		Event       gomatrixserverlib.ProtoEvent  `json:"event"`
+		RoomVersion gomatrixserverlib.RoomVersion `json:"room_version"`
+	}
+	err := c.Do(ctx, "GET", dest, "/_matrix/federation/v1/make_leave/"+url.PathEscape(roomID)+"/"+url.PathEscape(userID), nil, &out)
+	if err == nil && out.RoomVersion == "" {
+		out.RoomVersion = gomatrixserverlib.RoomVersionV1
+	}
+	return out.Event, out.RoomVersion, err
+}
+
+// SendLeave sends a signed leave to a resident server (PUT /v2/send_leave).
+func (c *Client) SendLeave(ctx context.Context, dest string, event gomatrixserverlib.PDU) error {
+	path := "/_matrix/federation/v2/send_leave/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
+	return c.Do(ctx, "PUT", dest, path, json.RawMessage(event.JSON()), nil)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func nonNilRaw(s []json.RawMessage) []json.RawMessage {
+	if s == nil {
+		return []json.RawMessage{}
+	}
+	return s
+}
+
+// ServerOf is the server name of a user ID, room ID or event ID of the
+// old format ("" when there is none).
+func ServerOf(id string) string {
+	if i := strings.IndexByte(id, ':'); i >= 0 {
+		return id[i+1:]
+	}
+	return ""
+}

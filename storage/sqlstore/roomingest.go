@@ -1,0 +1,295 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/keyserver/keyserver/storage"
+)
+
+// IngestRoomEvents writes a storage.RoomIngest in one transaction. The
+// room's current state moves from one snapshot to another; the keys that
+// changed are applied to room_current_state, and each member whose
+// membership changed is passed to the device-list side
+// (txSetMembership), as a local write does.
+func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ storage.RoomWriteResult, err error) {
+	defer named("IngestRoomEvents", &err)
+	var res storage.RoomWriteResult
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
+		res = storage.RoomWriteResult{}
+		var current, depth int64
+		err := tx.QueryRowContext(ctx, `SELECT state_snapshot, depth FROM rooms WHERE room_id = $1`+s.d.forUpdate, in.RoomID).Scan(&current, &depth)
+		switch {
+		case errors.Is(err, sql.ErrNoRows) && in.Create != nil:
+			if _, err := tx.ExecContext(ctx, `INSERT INTO rooms (room_id, room_version, creator, published, depth, state_snapshot, created_ts)
+				VALUES ($1, $2, $3, $4, 0, 0, $5)`, in.RoomID, in.Create.RoomVersion, in.Create.Creator, boolInt(in.Create.Published), in.Now); err != nil {
+				return err
+			}
+		case err != nil:
+			return notFound(err)
+		case in.NewExtremities != nil:
+			have, err := s.txUserList(ctx, tx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, in.RoomID)
+			if err != nil {
+				return err
+			}
+			want := slices.Clone(in.Extremities)
+			slices.Sort(have)
+			slices.Sort(want)
+			if !slices.Equal(have, want) {
+				return storage.ErrRoomMoved
+			}
+		}
+		for _, ev := range in.Outliers {
+			if err := s.txInsertOutlier(ctx, tx, ev); err != nil {
+				return err
+			}
+			depth = max(depth, ev.Depth)
+		}
+		var placed *placedEvent
+		if in.Event != nil {
+			if placed, err = s.txPlaceIngested(ctx, tx, in); err != nil {
+				return err
+			}
+			depth = max(depth, in.Event.Depth)
+		}
+		if err := txRedact(ctx, tx, in.Redactions); err != nil {
+			return err
+		}
+		if in.NewExtremities != nil {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM room_extremities WHERE room_id = $1`, in.RoomID); err != nil {
+				return err
+			}
+			for _, id := range in.NewExtremities {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO room_extremities (room_id, event_id) VALUES ($1, $2)`, in.RoomID, id); err != nil {
+					return err
+				}
+			}
+		}
+		next := current
+		switch {
+		case in.CurrentAfterEvent && placed != nil && placed.after != 0:
+			next = placed.after
+		case in.CurrentState != nil:
+			if next, err = s.txSnapshotOf(ctx, tx, in.RoomID, 0, in.CurrentState); err != nil {
+				return err
+			}
+		case in.PutState != nil:
+			if next, err = s.txSnapshotOf(ctx, tx, in.RoomID, current, in.PutState); err != nil {
+				return err
+			}
+		}
+		if next != current {
+			pos := storage.StreamPos(0)
+			if placed != nil {
+				pos = placed.pos
+			}
+			if err := s.txMoveCurrentState(ctx, tx, in.RoomID, current, next, pos, &res, in.Now); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2 WHERE room_id = $3`, next, depth, in.RoomID); err != nil {
+			return err
+		}
+		members, err := s.txUserList(ctx, tx, `SELECT state_key FROM room_current_state
+			WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite') AND state_key LIKE $2`,
+			in.RoomID, s.localPattern())
+		if err != nil {
+			return err
+		}
+		tx.concern(members...)
+		return nil
+	})
+	res.Change = ch
+	return res, err
+}
+
+// txInsertOutlier stores an event without state unless it is stored.
+func (s *Store) txInsertOutlier(ctx context.Context, tx *txn, ev storage.RoomEvent) error {
+	var stateKey any
+	if ev.StateKey != nil {
+		stateKey = *ev.StateKey
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO room_events
+		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, outlier, rejected)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9) ON CONFLICT (event_id) DO NOTHING`,
+		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), boolInt(ev.Rejected))
+	return err
+}
+
+// placedEvent is what placing an ingested event made.
+type placedEvent struct {
+	after int64 // snapshot of the state after it (0 when rejected)
+	pos   storage.StreamPos
+}
+
+// txPlaceIngested stores the write's event with the state before it and
+// a stream position (a rejected one with neither). An event placed
+// before is left alone; an outlier is placed.
+func (s *Store) txPlaceIngested(ctx context.Context, tx *txn, in storage.RoomIngest) (*placedEvent, error) {
+	ev := *in.Event
+	var outlier int
+	var placedAfter sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT outlier, state_after FROM room_events WHERE event_id = $1`, ev.EventID).Scan(&outlier, &placedAfter)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		if err := s.txInsertOutlier(ctx, tx, ev); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
+	case outlier == 0:
+		return &placedEvent{after: placedAfter.Int64}, nil // placed already
+	}
+	if ev.Rejected {
+		_, err := tx.ExecContext(ctx, `UPDATE room_events SET outlier = 0, rejected = 1 WHERE event_id = $1`, ev.EventID)
+		return &placedEvent{}, err
+	}
+	var before int64
+	if in.StateAfter != "" {
+		var after sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT state_after FROM room_events WHERE event_id = $1`, in.StateAfter).Scan(&after); err != nil {
+			return nil, notFound(err)
+		}
+		if !after.Valid {
+			return nil, errors.New("the event the state is taken from has no state")
+		}
+		before = after.Int64
+	} else if before, err = s.txSnapshotOf(ctx, tx, ev.RoomID, 0, in.StateBefore); err != nil {
+		return nil, err
+	}
+	after := before
+	if ev.StateKey != nil {
+		if after, err = s.txSnapshotOf(ctx, tx, ev.RoomID, before, []string{ev.EventID}); err != nil {
+			return nil, err
+		}
+	}
+	pos, err := s.nextPos(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE room_events SET outlier = 0, soft_failed = $1, state_before = $2, state_after = $3, pos = $4
+		WHERE event_id = $5`, boolInt(ev.SoftFailed), before, after, pos, ev.EventID)
+	return &placedEvent{after: after, pos: pos}, err
+}
+
+// txSnapshotOf makes a snapshot: the snapshot base (0: empty) with the
+// state events ids in place of those with their keys. Every id must be a
+// stored state event of the room, at most one per key.
+func (s *Store) txSnapshotOf(ctx context.Context, tx *txn, roomID string, base int64, ids []string) (int64, error) {
+	var nid int64
+	if err := tx.QueryRowContext(ctx, `INSERT INTO room_state_snapshots (room_id) VALUES ($1) RETURNING snapshot_nid`, roomID).Scan(&nid); err != nil {
+		return 0, err
+	}
+	added := 0
+	for rest := ids; len(rest) > 0; {
+		n := min(len(rest), 500)
+		r, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid)
+			SELECT $1, event_type, state_key, event_nid FROM room_events
+			WHERE room_id = $2 AND state_key IS NOT NULL AND event_id IN (`+placeholders(3, n)+`)`,
+			args([]any{nid, roomID}, rest[:n])...)
+		if err != nil {
+			return 0, err
+		}
+		k, _ := r.RowsAffected()
+		added += int(k)
+		rest = rest[n:]
+	}
+	if added != len(ids) {
+		return 0, errors.New("a state event is unknown, of another room, or not state")
+	}
+	if base != 0 {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO room_state_entries (snapshot_nid, event_type, state_key, event_nid)
+			SELECT $1, b.event_type, b.state_key, b.event_nid FROM room_state_entries b
+			WHERE b.snapshot_nid = $2 AND NOT EXISTS (SELECT 1 FROM room_state_entries n
+				WHERE n.snapshot_nid = $1 AND n.event_type = b.event_type AND n.state_key = b.state_key)`, nid, base); err != nil {
+			return 0, err
+		}
+	}
+	return nid, nil
+}
+
+// txMoveCurrentState makes snapshot next the room's current state in
+// room_current_state, giving changed keys the stream position pos (a new
+// one when 0), and passes changed memberships to the device lists.
+func (s *Store) txMoveCurrentState(ctx context.Context, tx *txn, roomID string, current, next int64, pos storage.StreamPos, res *storage.RoomWriteResult, now int64) error {
+	type change struct {
+		evType, stateKey string
+		nid              sql.NullInt64 // invalid: the key is gone
+		json             string
+	}
+	var changes []change
+	rows, err := tx.QueryContext(ctx, `
+		SELECT n.event_type, n.state_key, n.event_nid, e.event_json FROM room_state_entries n
+		JOIN room_events e ON e.event_nid = n.event_nid
+		WHERE n.snapshot_nid = $1 AND NOT EXISTS (SELECT 1 FROM room_state_entries o
+			WHERE o.snapshot_nid = $2 AND o.event_type = n.event_type AND o.state_key = n.state_key AND o.event_nid = n.event_nid)
+		UNION ALL
+		SELECT o.event_type, o.state_key, NULL, '' FROM room_state_entries o
+		WHERE o.snapshot_nid = $2 AND NOT EXISTS (SELECT 1 FROM room_state_entries n
+			WHERE n.snapshot_nid = $1 AND n.event_type = o.event_type AND n.state_key = o.state_key)`, next, current)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var c change
+		if err := rows.Scan(&c.evType, &c.stateKey, &c.nid, &c.json); err != nil {
+			rows.Close()
+			return err
+		}
+		changes = append(changes, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	if pos == 0 {
+		if pos, err = s.nextPos(ctx, tx); err != nil {
+			return err
+		}
+	}
+	for _, c := range changes {
+		membership := storage.MembershipLeave
+		if !c.nid.Valid {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM room_current_state WHERE room_id = $1 AND event_type = $2 AND state_key = $3`,
+				roomID, c.evType, c.stateKey); err != nil {
+				return err
+			}
+		} else {
+			var m any
+			if c.evType == "m.room.member" {
+				membership = membershipOf(c.json)
+				m = membership
+			}
+			if _, err := tx.ExecContext(ctx, `
+				INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos) VALUES ($1, $2, $3, $4, $5, $6)
+				ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership, pos = excluded.pos`,
+				roomID, c.evType, c.stateKey, c.nid.Int64, m, pos); err != nil {
+				return err
+			}
+		}
+		if c.evType != "m.room.member" {
+			continue
+		}
+		local := strings.HasSuffix(c.stateKey, ":"+s.serverName)
+		if local && (membership == storage.MembershipJoin || membership == storage.MembershipInvite) {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM room_forgotten WHERE user_id = $1 AND room_id = $2`, c.stateKey, roomID); err != nil {
+				return err
+			}
+		}
+		if local {
+			tx.concern(c.stateKey)
+		}
+		stale, err := s.txSetMembership(ctx, tx, roomID, c.stateKey, deviceListMembership(membership), now)
+		if err != nil {
+			return err
+		}
+		res.NewlyStale = append(res.NewlyStale, stale...)
+	}
+	return nil
+}
