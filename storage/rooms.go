@@ -152,7 +152,8 @@ type RoomIngest struct {
 	CurrentState      []string
 	PutState          []string
 	// Federate sends Event on to the room's other servers but SkipServers
-	// (a join or leave this server was the resident for).
+	// (a join or leave this server was the resident for), as a local
+	// write's Federate does; not when it is rejected or soft-failed.
 	Federate    bool
 	SkipServers []string
 	// Redactions replace events' JSON by their redacted form.

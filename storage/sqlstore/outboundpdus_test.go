@@ -163,3 +163,61 @@ func TestRoomWritesQueuePDUs(t *testing.T) {
 		}
 	})
 }
+
+// An event received from another server and placed with Federate (a join
+// or leave this server was the resident for) is sent on to the room's
+// other servers but those skipped, after the state it brings: the joined
+// user's server is skipped as the origin, the others get it. A
+// soft-failed one, or one placed without Federate, is not sent.
+func TestIngestedEventsQueuePDUs(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		empty, a, b1, c2, d3 := "", "@a:x", "@b:one", "@c:two", "@d:three"
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+			RoomID: "!r:x", Events: []storage.RoomEvent{
+				roomEvent("$create", "m.room.create", &empty, "", 1), roomEvent("$a", "m.room.member", &a, "join", 2),
+				roomEvent("$b1", "m.room.member", &b1, "join", 3), roomEvent("$c2", "m.room.member", &c2, "join", 4),
+			}}); err != nil {
+			t.Fatal(err)
+		}
+		last := "$c2"
+		ingest := func(ev storage.RoomEvent, federate bool, skip ...string) storage.RoomWriteResult {
+			t.Helper()
+			in := storage.RoomIngest{RoomID: "!r:x", Event: &ev, StateAfter: last, Federate: federate, SkipServers: skip}
+			if !ev.SoftFailed { // a soft-failed event is not built upon
+				in.Extremities, in.NewExtremities, in.CurrentAfterEvent = []string{last}, []string{ev.EventID}, true
+			}
+			res, err := s.IngestRoomEvents(ctx, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ev.SoftFailed {
+				last = ev.EventID
+			}
+			return res
+		}
+		join := roomEvent("$d3", "m.room.member", &d3, "join", 5)
+		join.Sender = d3
+		if res := ingest(join, true, "three"); !res.PDUsQueued {
+			t.Fatal("the join sent on does not say PDUs were queued")
+		}
+		soft := roomEvent("$soft", "m.room.message", nil, "", 6)
+		soft.SoftFailed = true
+		if res := ingest(soft, true, "three"); res.PDUsQueued {
+			t.Fatal("a soft-failed event was queued")
+		}
+		if res := ingest(roomEvent("$plain", "m.room.message", nil, "", 7), false); res.PDUsQueued {
+			t.Fatal("an event placed without Federate was queued")
+		}
+		dests, err := s.PDUDestinations(ctx)
+		if err != nil || !slices.Equal(dests, []string{"one", "two"}) {
+			t.Fatalf("destinations %v %v, want one and two", dests, err)
+		}
+		for _, d := range dests {
+			if got := pendingPDUs(t, s, d); !slices.Equal(got, []string{"$d3"}) {
+				t.Fatalf("pending for %s: %v", d, got)
+			}
+		}
+	})
+}
