@@ -119,8 +119,8 @@ func (w *pduWatcher) received() []string {
 }
 
 // joinAs writes into n's room a join of userID signed by its server o,
-// as the room would have it once the user joined over federation
-// (which this server cannot do yet).
+// as the room has it once the user joined over federation (an Origin
+// does not run the join handshake).
 func joinAs(t *testing.T, n *testutil.Node, o *testutil.Origin, roomID, userID string) {
 	t.Helper()
 	ctx := context.Background()
@@ -230,6 +230,51 @@ func TestRoomEventsSurviveRestart(t *testing.T) {
 		eventually(t, "the events at B after the restart", func() bool { return len(w.received()) >= len(want) })
 		if got := w.received(); !slices.Equal(got, want) {
 			t.Fatalf("B received %v, want %v", got, want)
+		}
+	})
+}
+
+// timelineHas reports whether u's initial /sync on n shows eventID in the
+// room's timeline.
+func timelineHas(t *testing.T, n *testutil.Node, u *testutil.User, roomID, eventID string) bool {
+	t.Helper()
+	r := n.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0", u.Token, nil)
+	room, _ := r["rooms"].(map[string]any)["join"].(map[string]any)[roomID].(map[string]any)
+	if room == nil {
+		return false
+	}
+	for _, ev := range asList(room["timeline"].(map[string]any)["events"]) {
+		if ev.(map[string]any)["event_id"] == eventID {
+			return true
+		}
+	}
+	return false
+}
+
+// Two daemons in one room, bob of B having joined alice's room on A over
+// federation: each one's messages reach the other's users through the
+// sender's queue, without a sweep (the write pokes the sender).
+func TestRoomMessagesFlowBetweenDaemons(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		p := newRoomPair(t, db)
+		roomID := p.a.Must(t, "POST", "/_matrix/client/v3/createRoom", p.alice.Token, map[string]any{
+			"preset": "private_chat", "invite": []string{p.bob.UserID}})["room_id"].(string)
+		p.b.Must(t, "POST", "/_matrix/client/v3/join/"+url.PathEscape(roomID), p.bob.Token, map[string]any{})
+		if got := joinedMembers(t, p.a, p.alice, roomID); !equalStrings(got, p.alice.UserID, p.bob.UserID) {
+			t.Fatalf("A's joined members %v", got)
+		}
+
+		fromAlice := p.a.Must(t, "PUT", rpath(roomID, "/send/m.room.message/a1"), p.alice.Token,
+			map[string]any{"msgtype": "m.text", "body": "from A"})["event_id"].(string)
+		eventually(t, "alice's message in bob's timeline on B", func() bool { return timelineHas(t, p.b, p.bob, roomID, fromAlice) })
+		fromBob := p.b.Must(t, "PUT", rpath(roomID, "/send/m.room.message/b1"), p.bob.Token,
+			map[string]any{"msgtype": "m.text", "body": "from B"})["event_id"].(string)
+		eventually(t, "bob's message in alice's timeline on A", func() bool { return timelineHas(t, p.a, p.alice, roomID, fromBob) })
+		for _, n := range []*testutil.Node{p.a, p.b} {
+			eventually(t, n.ServerName+"'s queue to empty", func() bool {
+				d, err := n.Store.PDUDestinations(context.Background())
+				return err == nil && len(d) == 0
+			})
 		}
 	})
 }
