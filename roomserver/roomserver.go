@@ -11,8 +11,9 @@
 //   - room_events: every event as the signed PDU in federation format,
 //     with its room version beside it, so that JSON is always read back
 //     with the rules it was written under (v1/v2 carry their event_id,
-//     v3+ IDs are reference hashes). Each event has state_before, the
-//     snapshot of the room state before it, and pos, its position in the
+//     v3+ IDs are reference hashes). Each event has state_before and
+//     state_after (migration 15), the snapshots of the room state before
+//     and after it, and pos, its position in the
 //     /sync stream (shared with device lists and account data). Events
 //     stored without known state before them (outliers: auth chains and
 //     state received in a join, invites to rooms we are not in) have
@@ -44,16 +45,16 @@
 // Neither side reads the other's tables: the device-list side sees only
 // memberships (join, invite, leave).
 //
-// # Federation (to come)
+// # Federation
 //
-// The tables are laid out for it: incoming PDUs are checked with
-// gomatrixserverlib (signatures, hashes, Allowed against their auth events
-// and against the snapshot before them, soft-fail against current state),
-// stored with their room version; events from send_join's state and auth
-// chain become outliers; several extremities are resolved with
-// gomatrixserverlib.ResolveConflicts over their snapshots into a new
-// snapshot. Our own events will be queued for the room's servers in the
-// same transaction, like device-list EDUs.
+// Events of other servers come through inbound.go (the spec's receive
+// pipeline; storage's IngestRoomEvents places each with the state before
+// it: the state after its one prev event, or an explicit list when
+// branches were resolved or the state was fetched) and the handshakes of
+// handshake.go (joins, invites, leaves, both sides). Events from a join's
+// state and auth chain, fetched auth events and invites to rooms this
+// server is not in are outliers. Every event's room version is stored
+// beside it.
 package roomserver
 
 import (
