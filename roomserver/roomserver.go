@@ -11,8 +11,9 @@
 //   - room_events: every event as the signed PDU in federation format,
 //     with its room version beside it, so that JSON is always read back
 //     with the rules it was written under (v1/v2 carry their event_id,
-//     v3+ IDs are reference hashes). Each event has state_before, the
-//     snapshot of the room state before it, and pos, its position in the
+//     v3+ IDs are reference hashes). Each event has state_before and
+//     state_after (migration 15), the snapshots of the room state before
+//     and after it, and pos, its position in the
 //     /sync stream (shared with device lists and account data). Events
 //     stored without known state before them (outliers: auth chains and
 //     state received in a join, invites to rooms we are not in) have
@@ -44,22 +45,25 @@
 // Neither side reads the other's tables: the device-list side sees only
 // memberships (join, invite, leave).
 //
-// # Federation (to come)
+// # Federation
 //
-// The tables are laid out for it: incoming PDUs are checked with
-// gomatrixserverlib (signatures, hashes, Allowed against their auth events
-// and against the snapshot before them, soft-fail against current state),
-// stored with their room version; events from send_join's state and auth
-// chain become outliers; several extremities are resolved with
-// gomatrixserverlib.ResolveConflicts over their snapshots into a new
-// snapshot.
+// Events of other servers come through inbound.go (the spec's receive
+// pipeline; storage's IngestRoomEvents places each with the state before
+// it: the state after its one prev event, or an explicit list when
+// branches were resolved or the state was fetched) and the handshakes of
+// handshake.go (joins, invites, leaves, both sides). Events from a join's
+// state and auth chain, fetched auth events and invites to rooms this
+// server is not in are outliers. Every event's room version is stored
+// beside it.
 //
 // Our own events are queued for the room's other servers in the
 // transaction that writes them (Options.Federated sets
 // storage.RoomWrite.Federate; table outbound_pdus, migration 16): for
 // every server with a joined member after the write, and for a membership
-// event also its target's server. The device-list sender delivers them
-// with its EDUs, up to 50 per transaction, surviving restarts.
+// event also its target's server; an event another server hands us in a
+// join or leave we are resident for is sent on alike (RoomIngest.Federate,
+// skipping that server). The device-list sender delivers them with its
+// EDUs, up to 50 per transaction, surviving restarts.
 package roomserver
 
 import (
