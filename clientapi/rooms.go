@@ -28,6 +28,7 @@ func (a *API) roomRoutes(s prefixed) {
 	s.Handle("/rooms/{roomId}/members", a.authed(a.roomMembers)).Methods(http.MethodGet)
 	s.Handle("/rooms/{roomId}/joined_members", a.authed(a.joinedMembers)).Methods(http.MethodGet)
 	s.Handle("/rooms/{roomId}/event/{eventId}", a.authed(a.roomEvent)).Methods(http.MethodGet)
+	s.Handle("/rooms/{roomId}/redact/{eventId}/{txnId}", a.authed(a.redact)).Methods(http.MethodPut)
 	s.Handle("/joined_rooms", a.authed(a.joinedRooms)).Methods(http.MethodGet)
 	s.Handle("/join/{roomIdOrAlias}", a.authed(a.join("roomIdOrAlias"))).Methods(http.MethodPost)
 	s.Handle("/rooms/{roomId}/join", a.authed(a.join("roomId"))).Methods(http.MethodPost)
@@ -112,6 +113,24 @@ func (a *API) sendEvent(r *http.Request, c keyserver.Caller) (any, error) {
 		return nil, err
 	}
 	id, err := a.opts.Rooms.Send(r.Context(), c.UserID, c.DeviceID, v[0], v[1], v[2], content)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"event_id": id}, nil
+}
+
+func (a *API) redact(r *http.Request, c keyserver.Caller) (any, error) {
+	v, err := pathVars(r, "roomId", "eventId", "txnId")
+	if err != nil {
+		return nil, err
+	}
+	var req struct {
+		Reason string `json:"reason"`
+	}
+	if err := a.decodeOptional(r, &req); err != nil {
+		return nil, err
+	}
+	id, err := a.opts.Rooms.Redact(r.Context(), c.UserID, c.DeviceID, v[0], v[1], v[2], req.Reason)
 	if err != nil {
 		return nil, err
 	}

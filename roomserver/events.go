@@ -60,8 +60,15 @@ func (s *Service) Send(ctx context.Context, sender, deviceID, roomID, evType, tx
 		return "", mxerr.BadJSON("the event type is empty")
 	}
 	if evType == spec.MRoomRedaction {
-		// Redactions need the event they redact checked: to come.
-		return "", mxerr.BadJSON("redactions are not supported yet")
+		var r struct {
+			Redacts string `json:"redacts"`
+		}
+		if json.Unmarshal(content, &r) != nil || r.Redacts == "" {
+			return "", mxerr.BadJSON("a redaction needs the ID of the event it redacts in content.redacts")
+		}
+		if err := s.checkLocalRedaction(ctx, sender, roomID, r.Redacts); err != nil {
+			return "", err
+		}
 	}
 	path, _ := json.Marshal([]string{"send", roomID, evType, txnID}) // unambiguous, whatever the parts hold
 	txn := &storage.RoomTxn{UserID: sender, DeviceID: deviceID, Path: string(path)}

@@ -326,6 +326,13 @@ func (s *Service) place(ctx context.Context, origin string, ev gomatrixserverlib
 			return err
 		}
 	}
+	if !r.SoftFailed {
+		if red, err := s.redaction(ctx, ev); err != nil {
+			return err
+		} else if red != nil {
+			in.Redactions = []storage.RoomRedaction{*red}
+		}
+	}
 	if fed != nil {
 		in.Federate, in.SkipServers = true, fed.skip
 	}

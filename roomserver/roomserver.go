@@ -11,8 +11,9 @@
 //   - room_events: every event as the signed PDU in federation format,
 //     with its room version beside it, so that JSON is always read back
 //     with the rules it was written under (v1/v2 carry their event_id,
-//     v3+ IDs are reference hashes). Each event has state_before, the
-//     snapshot of the room state before it, and pos, its position in the
+//     v3+ IDs are reference hashes). Each event has state_before and
+//     state_after (migration 15), the snapshots of the room state before
+//     and after it, and pos, its position in the
 //     /sync stream (shared with device lists and account data). Events
 //     stored without known state before them (outliers: auth chains and
 //     state received in a join, invites to rooms we are not in) have
@@ -46,20 +47,28 @@
 //
 // # Federation
 //
+// Events of other servers come through inbound.go (the spec's receive
+// pipeline; storage's IngestRoomEvents places each with the state before
+// it: the state after its one prev event, or an explicit list when
+// branches were resolved or the state was fetched) and the handshakes of
+// handshake.go (joins, invites, leaves, both sides). Events from a join's
+// state and auth chain, fetched auth events and invites to rooms this
+// server is not in are outliers. Every event's room version is stored
+// beside it.
+//
+// Our own events are queued for the room's other servers in the
+// transaction that writes them (Options.Federated sets
+// storage.RoomWrite.Federate; table outbound_pdus, migration 16): for
+// every server with a joined member after the write, and for a membership
+// event also its target's server; an event another server hands us in a
+// join or leave we are resident for is sent on alike (RoomIngest.Federate,
+// skipping that server). The device-list sender delivers them with its
+// EDUs, up to 50 per transaction, surviving restarts.
+//
 // Other servers read events, the state before an event with its auth
 // chain, missing events and history (fedread.go, with the rule of who may
 // read), and resolve our aliases; aliases of other servers are asked of
-// them through Options.Federation (federation.go, the interface of what
-// the rooms ask of other servers).
-//
-// To come; the tables are laid out for it: incoming PDUs are checked with
-// gomatrixserverlib (signatures, hashes, Allowed against their auth events
-// and against the snapshot before them, soft-fail against current state),
-// stored with their room version; events from send_join's state and auth
-// chain become outliers; several extremities are resolved with
-// gomatrixserverlib.ResolveConflicts over their snapshots into a new
-// snapshot. Our own events will be queued for the room's servers in the
-// same transaction, like device-list EDUs.
+// them through Options.Federation (federation.go).
 package roomserver
 
 import (
@@ -100,8 +109,9 @@ type Store interface {
 }
 
 // MembershipSink is the device-list side's one view of rooms: told of
-// every committed room write, with the local users it concerns and the
-// remote users whose lists are now tracked (keyserver.Service).
+// every committed room write, with the local users it concerns, the
+// remote users whose lists are now tracked, and whether events were
+// queued for other servers (keyserver.Service, which owns the sender).
 type MembershipSink interface {
 	RoomWritten(res storage.RoomWriteResult)
 }
@@ -126,8 +136,12 @@ type Options struct {
 	// RemoteTimeout bounds a request to another server made while a
 	// client waits (default 10 s).
 	RemoteTimeout time.Duration
-	Logger        logrus.FieldLogger
-	Now           func() time.Time
+	// Federated queues our events for the other servers in their rooms,
+	// in the transaction that writes them (storage.RoomWrite.Federate);
+	// the write's result says so (PDUsQueued), and Sink pokes the sender.
+	Federated bool
+	Logger    logrus.FieldLogger
+	Now       func() time.Time
 }
 
 // Service serves rooms.
@@ -269,6 +283,15 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 		SenderID: sender, RoomID: c.roomID, Type: evType, StateKey: stateKey, Content: raw,
 		PrevEvents: prev, Depth: c.depth + 1,
 	}
+	if evType == spec.MRoomRedaction {
+		var r struct {
+			Redacts string `json:"redacts"`
+		}
+		if json.Unmarshal(raw, &r) != nil || r.Redacts == "" {
+			return nil, mxerr.BadJSON("a redaction needs the ID of the event it redacts in content.redacts")
+		}
+		proto.Redacts = r.Redacts
+	}
 	eb := c.impl.NewEventBuilderFromProtoEvent(&proto)
 	ae, err := c.authEvents()
 	if err != nil {
@@ -369,8 +392,14 @@ func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType strin
 			}
 			c.records[len(c.records)-1] = record(ev)
 		}
-		res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities,
-			Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()})
+		w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Events: c.records, Txn: txn, Federate: s.opts.Federated,
+			Now: s.opts.Now().UnixMilli()}
+		if red, err := s.redaction(ctx, ev); err != nil {
+			return nil, err
+		} else if red != nil {
+			w.Redactions = []storage.RoomRedaction{*red}
+		}
+		res, err := s.db.WriteRoomEvents(ctx, w)
 		if errors.Is(err, storage.ErrRoomMoved) && attempt < maxAttempts {
 			continue
 		}

@@ -1,6 +1,9 @@
 package storage
 
-import "errors"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // ErrRoomMoved is returned by a room write built on forward extremities
 // the room no longer has (another write came first): the caller builds
@@ -62,7 +65,18 @@ type RoomWrite struct {
 	// Txn, when set, records the last event as the result of a client's
 	// transaction.
 	Txn *RoomTxn
-	Now int64 // milliseconds
+	// Redactions replace events' JSON by their redacted form.
+	Redactions []RoomRedaction
+	// Federate queues the events for the other servers in the room (our
+	// own events: every local write sets it), in the same transaction.
+	Federate bool
+	Now      int64 // milliseconds
+}
+
+// RoomRedaction is an event of a room redacted: its JSON from now on.
+type RoomRedaction struct {
+	EventID, RoomID string
+	JSON            []byte
 }
 
 // RoomTxn names a client's request: one device, one path.
@@ -75,6 +89,18 @@ type RoomWriteResult struct {
 	Change
 	// NewlyStale are remote users whose device lists are now tracked.
 	NewlyStale []StaleUser
+	// PDUsQueued says events were queued for other servers: the sender
+	// has work.
+	PDUsQueued bool
+}
+
+// OutboundPDU is one of our events queued for another server; ID orders
+// the destination's queue.
+type OutboundPDU struct {
+	ID          int64
+	Destination string
+	EventID     string
+	JSON        json.RawMessage // the PDU as stored
 }
 
 // RoomMember is a user's current membership of a room, with the event
@@ -126,8 +152,11 @@ type RoomIngest struct {
 	CurrentState      []string
 	PutState          []string
 	// Federate sends Event on to the room's other servers but SkipServers
-	// (a join or leave this server was the resident for).
+	// (a join or leave this server was the resident for), as a local
+	// write's Federate does; not when it is rejected or soft-failed.
 	Federate    bool
 	SkipServers []string
-	Now         int64 // milliseconds
+	// Redactions replace events' JSON by their redacted form.
+	Redactions []RoomRedaction
+	Now        int64 // milliseconds
 }

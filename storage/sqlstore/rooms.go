@@ -19,7 +19,8 @@ import (
 // extremities (the last event), and, for each membership event, the
 // membership the device-list side reads (storage.SetMembership's own
 // transaction body), so that who shares a room with whom changes with the
-// event. The change concerns the room's local members.
+// event, and, with Federate, the events queued for the room's other
+// servers (txQueueRoomPDUs). The change concerns the room's local members.
 func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ storage.RoomWriteResult, err error) {
 	defer named("WriteRoomEvents", &err)
 	var res storage.RoomWriteResult
@@ -94,6 +95,14 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 			return err
 		}
 		tx.concern(members...)
+		if w.Federate {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, w.RoomID, w.Events, nil); err != nil {
+				return err
+			}
+		}
+		if err := txRedact(ctx, tx, w.Redactions); err != nil {
+			return err
+		}
 		if t := w.Txn; t != nil && len(w.Events) > 0 {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, $5)`,
 				t.UserID, t.DeviceID, t.Path, w.Events[len(w.Events)-1].EventID, w.Now); err != nil {
@@ -104,6 +113,17 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 	})
 	res.Change = ch
 	return res, err
+}
+
+// txRedact replaces redacted events' JSON.
+func txRedact(ctx context.Context, tx *txn, redactions []storage.RoomRedaction) error {
+	for _, r := range redactions {
+		if _, err := tx.ExecContext(ctx, `UPDATE room_events SET event_json = $1 WHERE event_id = $2 AND room_id = $3`,
+			string(r.JSON), r.EventID, r.RoomID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // txWriteRoomEvent writes one event after *snapshot (the state before

@@ -1,0 +1,133 @@
+package roomserver
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Redactions. An m.room.redaction names the event it redacts (top-level
+// redacts up to version 10, content.redacts from version 11; events this
+// server builds carry both). When it is written, the event it names, if
+// stored and of the same room, is kept redacted from then on, with the
+// redaction in its unsigned redacted_because: everything that serves it
+// (client API, /sync, federation) serves the redacted form. Up to version
+// 2 the auth rules decide whether the sender may redact; from version 3
+// they do not, and the redaction applies when its sender's server is the
+// redacted event's sender's, or its sender's power is at least the
+// room's redact level. A redaction that arrives before the event it names
+// applies to nothing.
+
+// redactsOf returns the ID of the event a redaction redacts.
+func redactsOf(ev gomatrixserverlib.PDU) string {
+	if id := ev.Redacts(); id != "" {
+		return id
+	}
+	var c struct {
+		Redacts string `json:"redacts"`
+	}
+	_ = json.Unmarshal(ev.Content(), &c)
+	return c.Redacts
+}
+
+// redaction returns what a redaction event does: the redacted form of
+// the event it names, or nil when it changes nothing.
+func (s *Service) redaction(ctx context.Context, ev gomatrixserverlib.PDU) (*storage.RoomRedaction, error) {
+	if ev.Type() != spec.MRoomRedaction {
+		return nil, nil
+	}
+	stored, err := s.db.RoomEventsByID(ctx, []string{redactsOf(ev)})
+	if err != nil || len(stored) != 1 || stored[0].Rejected || stored[0].RoomID != ev.RoomID().String() {
+		return nil, err
+	}
+	target, err := pdu(stored[0])
+	if err != nil {
+		return nil, err
+	}
+	if serverOf(string(ev.SenderID())) != serverOf(string(target.SenderID())) {
+		allowed, err := s.mayRedactOthers(ctx, ev.RoomID().String(), ev.SenderID())
+		if err != nil || !allowed {
+			return nil, err
+		}
+	}
+	target.Redact()
+	if err := target.SetUnsignedField("redacted_because", clientEvent(ev)); err != nil {
+		return nil, err
+	}
+	return &storage.RoomRedaction{EventID: target.EventID(), RoomID: stored[0].RoomID, JSON: target.JSON()}, nil
+}
+
+// mayRedactOthers reports whether a user has a room's redact level now.
+func (s *Service) mayRedactOthers(ctx context.Context, roomID string, sender spec.SenderID) (bool, error) {
+	stored, err := s.db.RoomStateEvents(ctx, roomID,
+		[]storage.StateKey{{Type: spec.MRoomCreate}, {Type: spec.MRoomPowerLevels}})
+	if err != nil {
+		return false, err
+	}
+	evs, err := pdus(stored)
+	if err != nil {
+		return false, err
+	}
+	ae, err := authEventsFrom(evs)
+	if err != nil {
+		return false, nil
+	}
+	create, err := ae.Create()
+	if err != nil || create == nil {
+		return false, err
+	}
+	pl, err := gomatrixserverlib.NewPowerLevelContentFromAuthEvents(ae, string(create.SenderID()))
+	if err != nil {
+		return false, nil
+	}
+	return pl.UserLevel(sender) >= pl.Redact, nil
+}
+
+// Redact redacts an event of a room (PUT /rooms/{roomId}/redact/...);
+// a retried request of the same device gets the same redaction.
+func (s *Service) Redact(ctx context.Context, sender, deviceID, roomID, eventID, txnID, reason string) (string, error) {
+	if err := s.joined(ctx, roomID, sender); err != nil {
+		return "", err
+	}
+	content := map[string]any{"redacts": eventID}
+	if reason != "" {
+		content["reason"] = reason
+	}
+	if err := s.checkLocalRedaction(ctx, sender, roomID, eventID); err != nil {
+		return "", err
+	}
+	path, _ := json.Marshal([]string{"redact", roomID, eventID, txnID})
+	ev, err := s.send(ctx, roomID, sender, spec.MRoomRedaction, nil, content,
+		&storage.RoomTxn{UserID: sender, DeviceID: deviceID, Path: string(path)})
+	if err != nil {
+		return "", err
+	}
+	return ev.EventID(), nil
+}
+
+// checkLocalRedaction checks a redaction by one of our users, as Synapse
+// does: of a known event of the room, their own, or with the room's
+// redact level.
+func (s *Service) checkLocalRedaction(ctx context.Context, sender, roomID, eventID string) error {
+	stored, err := s.db.RoomEventsByID(ctx, []string{eventID})
+	if err != nil {
+		return err
+	}
+	if len(stored) != 1 || stored[0].RoomID != roomID || stored[0].Rejected {
+		return mxerr.NotFound("unknown event %s", eventID)
+	}
+	if stored[0].Sender == sender {
+		return nil
+	}
+	if ok, err := s.mayRedactOthers(ctx, roomID, spec.SenderID(sender)); err != nil {
+		return err
+	} else if !ok {
+		return mxerr.Forbidden("you may redact only your own events in this room")
+	}
+	return nil
+}
