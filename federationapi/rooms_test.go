@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/fclient"
@@ -145,60 +144,6 @@ func (r *fedRoom) memberEvent(t *testing.T, userID, membership string) string {
 	return id
 }
 
-// writeMember writes the membership of a user of origin into the room, as
-// the origin built and signed it on the room's current state: the way a
-// remote user's join or leave arrives, without the handshake (a leave
-// from a server that joined does not reach the room's server yet, as our
-// own events are not sent to other servers yet).
-func (r *fedRoom) writeMember(t *testing.T, o *testutil.Origin, userID, membership string) string {
-	t.Helper()
-	ctx := context.Background()
-	store := r.a.Store
-	room, err := store.Room(ctx, r.roomID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	impl := gomatrixserverlib.MustGetRoomVersion(gomatrixserverlib.RoomVersion(room.RoomVersion))
-	stored, err := store.RoomCurrentState(ctx, r.roomID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ae := gomatrixserverlib.NewAuthEvents(nil)
-	for _, s := range stored {
-		ev, err := impl.NewEventFromTrustedJSONWithEventID(s.EventID, s.JSON, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ae.AddEvent(ev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	content, _ := json.Marshal(map[string]string{"membership": membership})
-	eb := impl.NewEventBuilderFromProtoEvent(&gomatrixserverlib.ProtoEvent{
-		SenderID: userID, RoomID: r.roomID, Type: spec.MRoomMember, StateKey: &userID, Content: content,
-		PrevEvents: room.Extremities, Depth: room.Depth + 1,
-	})
-	if err := eb.AddAuthEvents(&ae); err != nil {
-		t.Fatal(err)
-	}
-	ev, err := eb.Build(time.Now(), spec.ServerName(o.Name), o.KeyID, o.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := gomatrixserverlib.Allowed(ev, &ae, func(_ spec.RoomID, s spec.SenderID) (*spec.UserID, error) {
-		return spec.NewUserID(string(s), true)
-	}); err != nil {
-		t.Fatalf("the auth rules refuse %s's %s: %v", userID, membership, err)
-	}
-	_, err = store.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: r.roomID, Extremities: room.Extremities, Now: time.Now().UnixMilli(),
-		Events: []storage.RoomEvent{{EventID: ev.EventID(), RoomID: r.roomID, Type: ev.Type(), StateKey: ev.StateKey(),
-			Sender: userID, Depth: ev.Depth(), RoomVersion: room.RoomVersion, JSON: ev.JSON(), Membership: membership}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ev.EventID()
-}
-
 // flag marks a stored event the way the inbound path would (an outlier
 // has no state before it).
 func flag(t *testing.T, n *testutil.Node, eventID, set string) {
@@ -317,20 +262,25 @@ func TestFederationRoomReads(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		a := testutil.StartNode(t, db, nil)
 		r := newFedRoom(t, a, "reads")
-		// B's user joins; the former server's user is in the room while
-		// `during` is sent only; the stranger has no user in it.
-		b := testutil.StartNode(t, testutil.SQLite(t), nil)
-		formerOrigin := testutil.NewOrigin(t)
-		peer, former, stranger := asNode(t, b), asOrigin(formerOrigin), asOrigin(testutil.NewOrigin(t))
+		// B's user joins; C's user is in the room while `during` is sent
+		// only; the stranger has no user in it.
+		b, c := testutil.StartNode(t, testutil.SQLite(t), nil), testutil.StartNode(t, testutil.SQLite(t), nil)
+		peer, former, stranger := asNode(t, b), asNode(t, c), asOrigin(testutil.NewOrigin(t))
 		r.send(t)
 		r.setTopic(t, "second")
 		before := r.stateIDs(t)
 		m := r.send(t) // the state before m is `before`
 		bobJoin := r.joinFrom(t, b, b.Register(t, "bob", ""), "#reads:"+a.ServerName)
-		carol := "@carol:" + formerOrigin.Name
-		r.writeMember(t, formerOrigin, carol, spec.Join)
+		carol := c.Register(t, "carol", "")
+		r.joinFrom(t, c, carol, "#reads:"+a.ServerName)
 		during := r.send(t)
-		r.writeMember(t, formerOrigin, carol, spec.Leave)
+		// C has the message before carol leaves: her leave follows it.
+		testutil.Eventually(t, "C to receive the message", func() bool {
+			_, err := c.Store.RoomEvent(context.Background(), during)
+			return err == nil
+		})
+		c.Must(t, "POST", clientV3+"/rooms/"+url.PathEscape(r.roomID)+"/leave", carol.Token, map[string]any{})
+		r.memberEvent(t, carol.UserID, spec.Leave)
 		r.setTopic(t, "third")
 		for range 105 {
 			r.send(t)
@@ -513,6 +463,13 @@ func TestFederationRoomReads(t *testing.T) {
 		}
 		if got := bf("5", rejected); len(got) != 0 {
 			t.Fatalf("backfill from the rejected event: %v", got)
+		}
+
+		// A redacted event is served redacted, still under its ID.
+		a.Must(t, "PUT", r.path("/redact/"+esc(r.messages[1])+"/r1"), r.alice.Token, map[string]any{})
+		redacted := pdusOf(t, a, r.roomID, []any{mustEvent(t, a, peer, r.messages[1])})[0]
+		if redacted.EventID() != r.messages[1] || string(redacted.Content()) != "{}" {
+			t.Fatalf("redacted event served as %s", redacted.JSON())
 		}
 	})
 }
