@@ -21,8 +21,8 @@ import (
 //
 // Each event goes to every server with a member whose membership is
 // "join" in the room's current state (as tx sees it), and an m.room.member
-// event also to the server of its state_key, so that a user who left, was
-// kicked, banned or invited hears of it. Never to this server, nor to the
+// event but an invite also to the server of its state_key, so that a user
+// who left, was kicked or banned hears of it. Never to this server, nor to the
 // servers in skip (the origin of an event received from another server,
 // which has it already). events must be stored in room_events (in tx or
 // before); each destination's queue takes them in the order given. An
@@ -54,7 +54,9 @@ func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, roomID string, eve
 		for server := range joined {
 			dests = append(dests, server)
 		}
-		if ev.Type == "m.room.member" && ev.StateKey != nil {
+		// An invite reached the invitee's server through /invite: it is
+		// sent again only to servers in the room.
+		if ev.Type == "m.room.member" && ev.StateKey != nil && ev.Membership != storage.MembershipInvite {
 			if server := serverOf(*ev.StateKey); !excluded(server) && !joined[server] {
 				dests = append(dests, server)
 			}
