@@ -105,6 +105,7 @@ type Store interface {
 	RoomAlias(ctx context.Context, alias string) (storage.RoomAlias, error)
 	DeleteRoomAlias(ctx context.Context, alias string) error
 	ForgetRoom(ctx context.Context, userID, roomID string) error
+	SnapshotStore
 	SyncStore
 }
 
@@ -149,6 +150,8 @@ type Service struct {
 	db    Store
 	opts  Options
 	locks sync.Map // room ID -> *sync.Mutex: one local write at a time per room
+	// states keeps state read for building events.
+	states stateCache
 }
 
 // New makes a Service.
@@ -372,12 +375,9 @@ func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType strin
 		if err != nil {
 			return nil, mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", room.RoomVersion)
 		}
-		// Only the state the auth rules look at is loaded.
-		stored, err := s.db.RoomStateEvents(ctx, roomID, needed)
-		if err != nil {
-			return nil, err
-		}
-		state, err := pdus(stored)
+		// Only the state the auth rules look at is loaded, of the
+		// snapshot that goes with the extremities the event builds on.
+		state, err := s.snapshotState(ctx, room.StateSnapshot, needed)
 		if err != nil {
 			return nil, err
 		}

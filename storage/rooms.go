@@ -24,6 +24,10 @@ type Room struct {
 	// Extremities are the room's forward extremities: the prev_events of
 	// its next event.
 	Extremities []string
+	// StateSnapshot names the snapshot of the room's current state (the
+	// state after Extremities). Snapshots never change: what is read of
+	// one may be kept.
+	StateSnapshot int64
 }
 
 // RoomEvent is a stored event of a room.

@@ -12,6 +12,7 @@ import (
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -45,6 +46,7 @@ func TestErrorsNameTheOperation(t *testing.T) {
 			reflect.TypeOf((*accountdata.Store)(nil)).Elem(),
 			reflect.TypeOf((*keyserver.AccountDataSource)(nil)).Elem(),
 			reflect.TypeOf((*sender.PDUQueue)(nil)).Elem(),
+			reflect.TypeOf((*roomserver.Store)(nil)).Elem(),
 		} {
 			for i := 0; i < iface.NumMethod(); i++ {
 				methods = append(methods, iface.Method(i).Name)

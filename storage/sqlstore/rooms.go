@@ -71,14 +71,8 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2 WHERE room_id = $3`, snapshot, depth, w.RoomID); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM room_extremities WHERE room_id = $1`, w.RoomID); err != nil {
+		if err := s.txReplaceExtremities(ctx, tx, w.RoomID, w.Create == nil && len(w.Extremities) == 1, w.Events); err != nil {
 			return err
-		}
-		if len(w.Events) > 0 {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO room_extremities (room_id, event_id) VALUES ($1, $2)`,
-				w.RoomID, w.Events[len(w.Events)-1].EventID); err != nil {
-				return err
-			}
 		}
 		// Stream positions last: the counter stays locked from the first
 		// one to the commit, holding up every other write of the server.
@@ -113,6 +107,24 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 	})
 	res.Change = ch
 	return res, err
+}
+
+// txReplaceExtremities makes the last of events the room's one forward
+// extremity; one when the room had exactly one is replaced in place.
+func (s *Store) txReplaceExtremities(ctx context.Context, tx *txn, roomID string, hadOne bool, events []storage.RoomEvent) error {
+	if len(events) == 0 {
+		return nil
+	}
+	last := events[len(events)-1].EventID
+	if hadOne {
+		_, err := tx.ExecContext(ctx, `UPDATE room_extremities SET event_id = $1 WHERE room_id = $2`, last, roomID)
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM room_extremities WHERE room_id = $1`, roomID); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO room_extremities (room_id, event_id) VALUES ($1, $2)`, roomID, last)
+	return err
 }
 
 // txRedact replaces redacted events' JSON.
@@ -227,7 +239,7 @@ func boolInt(b bool) int {
 // event built on them gets the depth that goes with them.
 func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err error) {
 	defer named("Room", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT r.room_version, r.creator, r.published, r.depth, x.event_id
+	rows, err := s.q.QueryContext(ctx, `SELECT r.room_version, r.creator, r.published, r.depth, r.state_snapshot, x.event_id
 		FROM rooms r LEFT JOIN room_extremities x ON x.room_id = r.room_id WHERE r.room_id = $1`, roomID)
 	if err != nil {
 		return storage.Room{}, err
@@ -238,7 +250,7 @@ func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err er
 	for rows.Next() {
 		var published int
 		var extremity sql.NullString
-		if err := rows.Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth, &extremity); err != nil {
+		if err := rows.Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth, &r.StateSnapshot, &extremity); err != nil {
 			return r, err
 		}
 		found = true
@@ -313,17 +325,35 @@ func (s *Store) RoomStateEvents(ctx context.Context, roomID string, keys []stora
 	if len(keys) == 0 {
 		return nil, nil
 	}
+	cond, params := stateKeyCondition("c", []any{roomID}, keys)
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
+		WHERE c.room_id = $1 AND (`+cond+`) ORDER BY e.event_nid`, params...)
+}
+
+// RoomSnapshotEvents returns the events of a state snapshot with the
+// given (type, state key) pairs, those that exist.
+func (s *Store) RoomSnapshotEvents(ctx context.Context, snapshot int64, keys []storage.StateKey) (_ []storage.RoomEvent, err error) {
+	defer named("RoomSnapshotEvents", &err)
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	cond, params := stateKeyCondition("se", []any{snapshot}, keys)
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_state_entries se JOIN room_events e ON e.event_nid = se.event_nid
+		WHERE se.snapshot_nid = $1 AND (`+cond+`) ORDER BY e.event_nid`, params...)
+}
+
+// stateKeyCondition matches the rows of table alias t with one of keys,
+// their parameters appended to params.
+func stateKeyCondition(t string, params []any, keys []storage.StateKey) (string, []any) {
 	var b strings.Builder
-	params := []any{roomID}
 	for i, k := range keys {
 		if i > 0 {
 			b.WriteString(" OR ")
 		}
-		b.WriteString("(c.event_type = $" + strconv.Itoa(len(params)+1) + " AND c.state_key = $" + strconv.Itoa(len(params)+2) + ")")
+		b.WriteString("(" + t + ".event_type = $" + strconv.Itoa(len(params)+1) + " AND " + t + ".state_key = $" + strconv.Itoa(len(params)+2) + ")")
 		params = append(params, k.Type, k.StateKey)
 	}
-	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
-		WHERE c.room_id = $1 AND (`+b.String()+`) ORDER BY e.event_nid`, params...)
+	return b.String(), params
 }
 
 // RoomStateBefore returns the state of a room before one of its events
