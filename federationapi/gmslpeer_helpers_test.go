@@ -54,6 +54,21 @@ type gmslPeer struct {
 	noMissingEvents bool
 }
 
+// setFailures sets the answers that replace make_join and send_join
+// (nil: the room's).
+func (p *gmslPeer) setFailures(makeJoin, sendJoin http.HandlerFunc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failMakeJoin, p.failSendJoin = makeJoin, sendJoin
+}
+
+// answerNoMissingEvents makes get_missing_events answer nothing.
+func (p *gmslPeer) answerNoMissingEvents() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.noMissingEvents = true
+}
+
 // peerState is a room state: (type, state_key) -> event.
 type peerState map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU
 
@@ -246,6 +261,13 @@ func (p *gmslPeer) stateAt(prev []string) peerState {
 	return out
 }
 
+// extremities returns the room's forward extremities.
+func (p *gmslPeer) extremities() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.latest)
+}
+
 // current is the room's current state.
 func (p *gmslPeer) current() peerState {
 	p.mu.Lock()
@@ -408,9 +430,12 @@ func (q peerQuerier) RestrictedRoomJoinInfo(context.Context, spec.RoomID, spec.S
 // makeJoin answers a join template built on the room's current state
 // (gomatrixserverlib.HandleMakeJoin).
 func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
-	p.count("make_join")
-	if p.failMakeJoin != nil {
-		p.failMakeJoin(w, r)
+	p.mu.Lock()
+	p.calls["make_join"]++
+	fail := p.failMakeJoin
+	p.mu.Unlock()
+	if fail != nil {
+		fail(w, r)
 		return
 	}
 	fr := p.verify(w, r)
@@ -459,9 +484,12 @@ func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
 // auth rules against the state before it) and answers the state before
 // it with its auth chain.
 func (p *gmslPeer) sendJoin(w http.ResponseWriter, r *http.Request) {
-	p.count("send_join")
-	if p.failSendJoin != nil {
-		p.failSendJoin(w, r)
+	p.mu.Lock()
+	p.calls["send_join"]++
+	fail := p.failSendJoin
+	p.mu.Unlock()
+	if fail != nil {
+		fail(w, r)
 		return
 	}
 	fr := p.verify(w, r)
@@ -592,6 +620,14 @@ func (p *gmslPeer) receive(w http.ResponseWriter, r *http.Request) {
 		results[ev.EventID()] = map[string]any{}
 	}
 	writeJSON(w, map[string]any{"pdus": results})
+}
+
+// handshakes returns the templates answered by make_join and the joins
+// received in send_join.
+func (p *gmslPeer) handshakes() ([]gomatrixserverlib.ProtoEvent, []gomatrixserverlib.PDU) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.templates), slices.Clone(p.joins)
 }
 
 // receivedPDUs returns the PDUs the daemon sent.

@@ -1,8 +1,15 @@
 package federationapi_test
 
 import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
 	"maps"
+	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/matrix-org/gomatrixserverlib"
@@ -41,10 +48,11 @@ func TestGmslPeerJoin(t *testing.T) {
 		if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
 			t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
 		}
-		if len(p.templates) != 1 || len(p.joins) != 1 {
-			t.Fatalf("%d templates, %d joins", len(p.templates), len(p.joins))
+		templates, joins := p.handshakes()
+		if len(templates) != 1 || len(joins) != 1 {
+			t.Fatalf("%d templates, %d joins", len(templates), len(joins))
 		}
-		tmpl, join := p.templates[0], p.joins[0]
+		tmpl, join := templates[0], joins[0]
 		if join.Type() != spec.MRoomMember || string(join.SenderID()) != alice.UserID || join.StateKey() == nil ||
 			*join.StateKey() != alice.UserID || join.RoomID().String() != p.roomID || join.Version() != v {
 			t.Fatalf("join %s", join.JSON())
@@ -62,4 +70,304 @@ func TestGmslPeerJoin(t *testing.T) {
 func sorted(s ...string) []string {
 	slices.Sort(s)
 	return s
+}
+
+// joinedPeer is a peer whose room u on n has joined.
+func joinedPeer(t *testing.T, n *testutil.Node, u *testutil.User, v gomatrixserverlib.RoomVersion) *gmslPeer {
+	t.Helper()
+	p := newGmslPeer(t, v)
+	joinPeerRoom(t, n, u, p)
+	return p
+}
+
+func message(body string) map[string]any { return map[string]any{"msgtype": "m.text", "body": body} }
+
+// eventStatus is the status of GET /rooms/{roomId}/event/{eventId}.
+func eventStatus(t *testing.T, n *testutil.Node, u *testutil.User, roomID, eventID string) int {
+	t.Helper()
+	return n.Do(t, "GET", rpath(roomID, "/event/"+url.PathEscape(eventID)), u.Token, nil).Status
+}
+
+// daemonTemplate asks n for a join template for a user of the peer: its
+// prev_events are n's forward extremities of the room.
+func daemonTemplate(t *testing.T, n *testutil.Node, p *gmslPeer, localpart string) []string {
+	t.Helper()
+	path := "/_matrix/federation/v1/make_join/" + url.PathEscape(p.roomID) + "/" + url.PathEscape(p.user(localpart)) +
+		"?ver=" + url.QueryEscape(string(p.version))
+	r := testutil.SendTo(t, n, p.SignedRequest(t, "GET", n.ServerName, path, nil, "", nil))
+	if r.Status != http.StatusOK {
+		t.Fatalf("make_join: %d %s", r.Status, r.Raw)
+	}
+	ev, _ := r.Body["event"].(map[string]any)
+	return refIDs(t, ev["prev_events"])
+}
+
+// Events from the peer over /send: each accepted, rejected, soft-failed
+// or fetched around as the spec says, in rooms of versions 1 and 10.
+func TestGmslPeerInbound(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		empty := ""
+
+		t.Run("a message is accepted and synced", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			since := syncToken(t, n, alice)
+			msg := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("hello")})
+			if res := p.send(t, n, rawEvents(msg)...); len(res) != 1 || res[msg.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			tl, _ := roomTimeline(t, n, alice, p.roomID, since)
+			if len(tl) != 1 || tl[0].EventID != msg.EventID() || tl[0].Sender != p.creator || tl[0].Content["body"] != "hello" {
+				t.Fatalf("timeline %+v", tl)
+			}
+			// The same transaction again: the same answer, nothing new.
+			if res := p.send(t, n, rawEvents(msg)...); res[msg.EventID()] != "" {
+				t.Fatalf("again: %v", res)
+			}
+		})
+
+		// An event failing the auth rules gets an error, is never shown
+		// and changes nothing; the room goes on.
+		rejected := func(t *testing.T, p *gmslPeer, bad gomatrixserverlib.PDU) {
+			t.Helper()
+			state := daemonState(t, n, alice, p.roomID)
+			since := syncToken(t, n, alice)
+			res := p.send(t, n, rawEvents(bad)...)
+			if len(res) != 1 || res[bad.EventID()] == "" {
+				t.Fatalf("answer %v", res)
+			}
+			if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, state) {
+				t.Fatalf("state changed from\n%v\nto\n%v", state, got)
+			}
+			if s := eventStatus(t, n, alice, p.roomID, bad.EventID()); s != http.StatusNotFound {
+				t.Fatalf("GET the rejected event: %d", s)
+			}
+			next := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("after")})
+			p.sendEvents(t, n, next)
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); !slices.Equal(timelineIDs(tl), []string{next.EventID()}) {
+				t.Fatalf("timeline %v, want only %s", timelineIDs(tl), next.EventID())
+			}
+			// Sent again, it is refused again.
+			if res := p.send(t, n, rawEvents(bad)...); res[bad.EventID()] == "" {
+				t.Fatalf("again: %v", res)
+			}
+		}
+		t.Run("a message from a non-member is rejected", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			rejected(t, p, p.add(peerEvent{Sender: p.user("mallory"), Type: "m.room.message", Content: message("let me in"),
+				Unchecked: true, Detached: true}))
+		})
+		t.Run("power levels changed without power are rejected", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			carol := p.user("carol")
+			p.sendEvents(t, n, p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Join}}))
+			rejected(t, p, p.add(peerEvent{Sender: carol, Type: spec.MRoomPowerLevels, StateKey: &empty,
+				Content: map[string]any{"users": map[string]any{p.creator: 100, carol: 100}}, Unchecked: true, Detached: true}))
+		})
+		t.Run("allowed by its auth events but not by the state before it is rejected", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			carol := p.user("carol")
+			join := p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Join}})
+			leave := p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Leave}})
+			p.sendEvents(t, n, join, leave)
+			// Built after her leave, citing her join.
+			rejected(t, p, p.add(peerEvent{Sender: carol, Type: "m.room.message", Content: message("ghost"),
+				AuthAt: join.EventID(), Unchecked: true, Detached: true}))
+		})
+
+		t.Run("malformed PDUs get an error each", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			other := newGmslPeer(t, v) // a room the daemon is not in
+			state := daemonState(t, n, alice, p.roomID)
+			since := syncToken(t, n, alice)
+			_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
+			forged := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("forged"), Key: otherKey, Detached: true})
+			elsewhere := other.add(peerEvent{Sender: other.creator, Type: "m.room.message", Content: message("elsewhere")})
+			res := p.send(t, n,
+				json.RawMessage(`"not an object"`),
+				json.RawMessage(`{}`),
+				json.RawMessage(`{"event_id":"$badshape:`+p.Name+`","room_id":"`+p.roomID+`","type":5,"sender":[],"depth":"deep"}`),
+				json.RawMessage(forged.JSON()),
+				json.RawMessage(elsewhere.JSON()))
+			for _, id := range []string{"$badshape:" + p.Name, forged.EventID(), elsewhere.EventID()} {
+				if res[id] == "" {
+					t.Errorf("%s: no error in %v", id, res)
+				}
+			}
+			for id, e := range res {
+				if e == "" {
+					t.Errorf("%s accepted", id)
+				}
+			}
+			if !strings.Contains(res[forged.EventID()], "signature") {
+				t.Errorf("forged: %q", res[forged.EventID()])
+			}
+			if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, state) {
+				t.Fatalf("state changed from\n%v\nto\n%v", state, got)
+			}
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); len(tl) != 0 {
+				t.Fatalf("timeline %+v", tl)
+			}
+			if s := eventStatus(t, n, alice, p.roomID, forged.EventID()); s != http.StatusNotFound {
+				t.Fatalf("GET the forged event: %d", s)
+			}
+			// A transaction whose pdus are not a list: 400, not 500.
+			r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, "/_matrix/federation/v1/send/notalist",
+				map[string]any{"origin": p.Name, "origin_server_ts": 1, "pdus": 5}, "", nil))
+			if r.Status != http.StatusBadRequest || r.Errcode() != "M_BAD_JSON" {
+				t.Fatalf("pdus not a list: %d %s", r.Status, r.Raw)
+			}
+		})
+
+		// An event whose content does not match its hash is redacted, as
+		// the spec says, then processed as usual: its signature covers the
+		// redacted form.
+		t.Run("a content hash mismatch is redacted", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			since := syncToken(t, n, alice)
+			msg := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("original")})
+			var obj map[string]any
+			if err := json.Unmarshal(msg.JSON(), &obj); err != nil {
+				t.Fatal(err)
+			}
+			obj["content"] = message("tampered")
+			tampered, _ := json.Marshal(obj)
+			if res := p.send(t, n, tampered); len(res) != 1 || res[msg.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			tl, _ := roomTimeline(t, n, alice, p.roomID, since)
+			if len(tl) != 1 || tl[0].EventID != msg.EventID() || len(tl[0].Content) != 0 {
+				t.Fatalf("timeline %+v, want %s redacted", tl, msg.EventID())
+			}
+		})
+
+		t.Run("missing prev_events are fetched with get_missing_events", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			since := syncToken(t, n, alice)
+			var msgs []gomatrixserverlib.PDU
+			for _, body := range []string{"one", "two", "three"} {
+				msgs = append(msgs, p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message(body)}))
+			}
+			if res := p.send(t, n, rawEvents(msgs[2])...); len(res) != 1 || res[msgs[2].EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			tl, _ := roomTimeline(t, n, alice, p.roomID, since)
+			if !slices.Equal(timelineIDs(tl), eventIDs(msgs)) {
+				t.Fatalf("timeline %v, want %v", timelineIDs(tl), eventIDs(msgs))
+			}
+			if p.served("get_missing_events") != 1 || p.served("state_ids") != 0 {
+				t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+			}
+			if x := daemonTemplate(t, n, p, "dave"); !slices.Equal(x, []string{msgs[2].EventID()}) {
+				t.Fatalf("extremities %v", x)
+			}
+		})
+
+		// A gap get_missing_events does not fill: the state before the
+		// event is fetched (/state_ids, then each unknown event), and the
+		// event is placed on it.
+		t.Run("a gap left is crossed with state_ids", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			p.answerNoMissingEvents()
+			since := syncToken(t, n, alice)
+			topic := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "far away"}})
+			two := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("two")})
+			three := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("three")})
+			if res := p.send(t, n, rawEvents(three)...); len(res) != 1 || res[three.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			if p.served("get_missing_events") != 1 || p.served("state_ids") != 1 {
+				t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+			}
+			tl, _ := roomTimeline(t, n, alice, p.roomID, since)
+			if !slices.Equal(timelineIDs(tl), []string{three.EventID()}) {
+				t.Fatalf("timeline %v, want only %s", timelineIDs(tl), three.EventID())
+			}
+			if got := daemonState(t, n, alice, p.roomID); got["m.room.topic|"] != topic.EventID() {
+				t.Fatalf("topic %q, want %s", got["m.room.topic|"], topic.EventID())
+			}
+			if s := eventStatus(t, n, alice, p.roomID, two.EventID()); s != http.StatusNotFound {
+				t.Fatalf("GET an event never received: %d", s)
+			}
+		})
+
+		// Allowed by the state before it, not by the current state: kept,
+		// never shown, never built upon.
+		t.Run("an event the current state forbids is soft-failed", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			carol := p.user("carol")
+			join := p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Join}})
+			ban := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Ban}})
+			p.sendEvents(t, n, join, ban)
+			since := syncToken(t, n, alice)
+			late := p.add(peerEvent{Sender: carol, Type: "m.room.message", Content: message("before my ban"),
+				Prev: []string{join.EventID()}, Detached: true})
+			if res := p.send(t, n, rawEvents(late)...); len(res) != 1 || res[late.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); len(tl) != 0 {
+				t.Fatalf("timeline %+v", tl)
+			}
+			stored, err := n.Store.RoomEventsByID(context.Background(), []string{late.EventID()})
+			if err != nil || len(stored) != 1 || !stored[0].SoftFailed || stored[0].Rejected || stored[0].Outlier {
+				t.Fatalf("stored %+v %v", stored, err)
+			}
+			if x := daemonTemplate(t, n, p, "dave"); !slices.Equal(x, []string{ban.EventID()}) {
+				t.Fatalf("extremities %v, want the ban only", x)
+			}
+		})
+
+		// Two branches: a name on one, a topic on the other. Both reach
+		// the state while the branches are apart (two extremities) and
+		// once an event joins them.
+		t.Run("branches meeting are resolved", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			fork := p.current()
+			base := p.extremities()
+			name := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomName, StateKey: &empty, Content: map[string]any{"name": "left"}, Prev: base})
+			topic := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "right"}, Prev: base})
+			p.sendEvents(t, n, name, topic)
+			got := daemonState(t, n, alice, p.roomID)
+			if got["m.room.name|"] != name.EventID() || got["m.room.topic|"] != topic.EventID() || len(got) != len(fork)+2 {
+				t.Fatalf("state with two extremities %v", got)
+			}
+			if x := daemonTemplate(t, n, p, "dave"); !equalStrings(sorted(x...), sorted(name.EventID(), topic.EventID())...) {
+				t.Fatalf("extremities %v", x)
+			}
+			merge := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("both")})
+			if !slices.Equal(merge.PrevEventIDs(), []string{name.EventID(), topic.EventID()}) {
+				t.Fatalf("merge prev_events %v", merge.PrevEventIDs())
+			}
+			p.sendEvents(t, n, merge)
+			if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, p.current().ids()) {
+				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, p.current().ids())
+			}
+			if x := daemonTemplate(t, n, p, "dave"); !slices.Equal(x, []string{merge.EventID()}) {
+				t.Fatalf("extremities %v", x)
+			}
+		})
+
+		// Both branches change the topic: the daemon resolves as the peer
+		// does (gomatrixserverlib's algorithm of the room version), and a
+		// merge arriving alone brings its missing branch.
+		t.Run("conflicting branches are resolved as the peer does", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			base := p.extremities()
+			one := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "one"}, Prev: base})
+			two := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "two"}, Prev: base})
+			merge := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("both")})
+			p.sendEvents(t, n, one)
+			p.sendEvents(t, n, merge) // two comes with get_missing_events
+			if p.served("get_missing_events") != 1 || eventStatus(t, n, alice, p.roomID, two.EventID()) != http.StatusOK {
+				t.Fatalf("the missing branch was not fetched (%d get_missing_events)", p.served("get_missing_events"))
+			}
+			want := p.current().ids()
+			if w := want["m.room.topic|"]; w != one.EventID() && w != two.EventID() {
+				t.Fatalf("the peer resolved the topic to %s", w)
+			}
+			if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, want) {
+				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+			}
+		})
+	})
 }
