@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"maps"
 	"net/http"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
 )
 
 // The room versions of rooms hosted elsewhere that must be joinable:
@@ -369,5 +371,98 @@ func TestGmslPeerInbound(t *testing.T) {
 				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
 			}
 		})
+	})
+}
+
+// A room's server failing during the join: the client gets 502 or 504
+// with an errcode, and the daemon keeps nothing of the room; once the
+// server answers again, the join goes through.
+func TestGmslPeerJoinFailures(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		fail500 := func(w http.ResponseWriter, _ *http.Request) {
+			writeStatus(w, http.StatusInternalServerError, map[string]string{"errcode": "M_UNKNOWN", "error": "broken"})
+		}
+		for _, tc := range []struct {
+			name               string
+			makeJoin, sendJoin http.HandlerFunc
+			recover            bool
+		}{
+			{name: "make_join answers 500", makeJoin: fail500},
+			{name: "send_join answers 500", sendJoin: fail500, recover: true},
+			{name: "send_join drops the connection", sendJoin: func(w http.ResponseWriter, _ *http.Request) {
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					conn.Close()
+				}
+			}},
+			{name: "send_join answers a state without a create event", sendJoin: func(w http.ResponseWriter, _ *http.Request) {
+				writeJSON(w, map[string]any{"state": []any{}, "auth_chain": []any{}})
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				p := newGmslPeer(t, v)
+				p.setFailures(tc.makeJoin, tc.sendJoin)
+				path := "/_matrix/client/v3/join/" + url.PathEscape(p.roomID) + "?server_name=" + url.QueryEscape(p.Name)
+				r := n.Do(t, "POST", path, alice.Token, map[string]any{})
+				if (r.Status != http.StatusBadGateway && r.Status != http.StatusGatewayTimeout) || r.Errcode() == "" {
+					t.Fatalf("join: %d %s", r.Status, r.Raw)
+				}
+				if tc.sendJoin != nil && p.served("send_join") == 0 {
+					t.Fatalf("send_join was not reached (%d)", p.served("send_join"))
+				}
+				if _, err := n.Store.Room(context.Background(), p.roomID); !errors.Is(err, storage.ErrNotFound) {
+					t.Fatalf("the room is stored: %v", err)
+				}
+				if stored, err := n.Store.RoomEventsByID(context.Background(), eventIDs(p.current().list())); err != nil || len(stored) != 0 {
+					t.Fatalf("events of the room are stored: %d %v", len(stored), err)
+				}
+				if status, raw := roomStateRaw(t, n, alice, p.roomID); status != http.StatusNotFound && status != http.StatusForbidden {
+					t.Fatalf("room state: %d %s", status, raw)
+				}
+				rooms := n.Must(t, "GET", "/_matrix/client/v3/joined_rooms", alice.Token, nil)["joined_rooms"].([]any)
+				if slices.Contains(rooms, any(p.roomID)) {
+					t.Fatalf("joined rooms %v", rooms)
+				}
+				if !tc.recover {
+					return
+				}
+				p.setFailures(nil, nil)
+				// The failure backs the server off for a moment.
+				testutil.Eventually(t, "a join once the server answers", func() bool {
+					return n.Do(t, "POST", path, alice.Token, map[string]any{}).Status == http.StatusOK
+				})
+				if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
+					t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+				}
+			})
+		}
+	})
+}
+
+// The daemon's own events reach the peer's room: a message of a local
+// user comes to the peer over /send, signed, built on the join.
+func TestGmslPeerReceivesDaemonEvents(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		p := joinedPeer(t, n, alice, v)
+		_, joins := p.handshakes()
+		id := n.Must(t, "PUT", rpath(p.roomID, "/send/m.room.message/txn1"), alice.Token, message("to the peer"))["event_id"].(string)
+		var got gomatrixserverlib.PDU
+		testutil.Eventually(t, "the message at the peer", func() bool {
+			for _, ev := range p.receivedPDUs() {
+				if ev.EventID() == id {
+					got = ev
+					return true
+				}
+			}
+			return false
+		})
+		if string(got.SenderID()) != alice.UserID || got.Type() != "m.room.message" || !slices.Equal(got.PrevEventIDs(), []string{joins[0].EventID()}) {
+			t.Fatalf("received %s", got.JSON())
+		}
+		if x := p.extremities(); !slices.Equal(x, []string{id}) {
+			t.Fatalf("the peer did not take the message into its room: extremities %v", x)
+		}
 	})
 }
