@@ -46,6 +46,7 @@ type gmslPeer struct {
 	joins      []gomatrixserverlib.PDU        // received in send_join
 	received   []gomatrixserverlib.PDU        // received over /send
 	calls      map[string]int                 // requests served, by endpoint
+	minDepths  []int64                        // of get_missing_events requests
 	txn        int
 	// failMakeJoin and failSendJoin, when set, answer those requests
 	// instead of the room.
@@ -300,6 +301,13 @@ func (p *gmslPeer) count(endpoint string) {
 	p.mu.Unlock()
 }
 
+// missingMinDepths returns the min_depth of each get_missing_events.
+func (p *gmslPeer) missingMinDepths() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.minDepths)
+}
+
 // served returns how many requests an endpoint had.
 func (p *gmslPeer) served(endpoint string) int {
 	p.mu.Lock()
@@ -541,6 +549,7 @@ func (p *gmslPeer) missingEvents(w http.ResponseWriter, r *http.Request) {
 		Earliest []string `json:"earliest_events"`
 		Latest   []string `json:"latest_events"`
 		Limit    int      `json:"limit"`
+		MinDepth int64    `json:"min_depth"`
 	}
 	if err := json.Unmarshal(fr.Content(), &req); err != nil {
 		writeStatus(w, http.StatusBadRequest, map[string]string{"errcode": "M_BAD_JSON", "error": err.Error()})
@@ -548,6 +557,8 @@ func (p *gmslPeer) missingEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// min_depth is recorded, not honoured: the daemon must not rely on it.
+	p.minDepths = append(p.minDepths, req.MinDepth)
 	if p.noMissingEvents {
 		writeJSON(w, map[string]any{"events": []any{}})
 		return

@@ -293,6 +293,35 @@ func TestGmslPeerInbound(t *testing.T) {
 			}
 		})
 
+		// An event on a branch that left the room's history before the
+		// daemon joined: it is placed, and the history before the join
+		// (the room's first events, a message) stays out of the timeline,
+		// even from a server that does not honour min_depth.
+		t.Run("a branch from before the join", func(t *testing.T) {
+			p := newGmslPeer(t, v)
+			old := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("before alice")})
+			joinPeerRoom(t, n, alice, p)
+			_, joins := p.handshakes()
+			since := syncToken(t, n, alice)
+			late := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("from the past"), Prev: []string{old.EventID()}})
+			if res := p.send(t, n, rawEvents(late)...); len(res) != 1 || res[late.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			tl, _ := roomTimeline(t, n, alice, p.roomID, since)
+			if !slices.Equal(timelineIDs(tl), []string{late.EventID()}) {
+				t.Fatalf("timeline %v (%+v), want only %s", timelineIDs(tl), tl, late.EventID())
+			}
+			if d := p.missingMinDepths(); !slices.Equal(d, []int64{joins[0].Depth()}) {
+				t.Fatalf("get_missing_events min_depth %v, want the join's %d", d, joins[0].Depth())
+			}
+			if s := eventStatus(t, n, alice, p.roomID, old.EventID()); s != http.StatusNotFound {
+				t.Fatalf("GET the message from before the join: %d", s)
+			}
+			if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
+				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+			}
+		})
+
 		// Allowed by the state before it, not by the current state: kept,
 		// never shown, never built upon.
 		t.Run("an event the current state forbids is soft-failed", func(t *testing.T) {

@@ -462,14 +462,21 @@ func (s *Service) placedAmong(ctx context.Context, ids []string) ([]string, erro
 
 // fillGap asks origin for the events between the room's extremities and
 // ev, and receives them oldest first (without filling their own gaps:
-// each is then placed on the state its sender gives).
+// each is then placed on the state its sender gives). Events older than
+// this server's history of the room (a branch from before its join) are
+// not asked for, and not taken when sent anyway: they would enter the
+// timeline as new.
 func (s *Service) fillGap(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int) {
 	room, err := s.db.Room(ctx, ev.RoomID().String())
 	if err != nil {
 		return
 	}
+	minDepth, err := s.db.RoomMinDepth(ctx, ev.RoomID().String())
+	if err != nil {
+		return
+	}
 	raws, err := s.opts.Remote.MissingEvents(ctx, origin, ev.RoomID().String(), room.Extremities, []string{ev.EventID()},
-		missingEventsLimit, 0)
+		missingEventsLimit, minDepth)
 	if err != nil {
 		s.opts.Logger.WithError(err).WithField("origin", origin).Debug("get_missing_events failed")
 		return
@@ -482,7 +489,7 @@ func (s *Service) fillGap(ctx context.Context, origin string, ev gomatrixserverl
 		}
 		*budget--
 		e, err := impl.NewEventFromUntrustedJSON(raw)
-		if err != nil || e.RoomID().String() != ev.RoomID().String() || e.EventID() == ev.EventID() {
+		if err != nil || e.RoomID().String() != ev.RoomID().String() || e.EventID() == ev.EventID() || e.Depth() < minDepth {
 			continue
 		}
 		got = append(got, e)
