@@ -43,6 +43,7 @@ type gmslPeer struct {
 	stateAfter map[string]peerState
 	latest     []string                       // forward extremities
 	templates  []gomatrixserverlib.ProtoEvent // answered by make_join
+	offered    [][]string                     // the versions of each make_join
 	joins      []gomatrixserverlib.PDU        // received in send_join
 	received   []gomatrixserverlib.PDU        // received over /send
 	calls      map[string]int                 // requests served, by endpoint
@@ -462,6 +463,7 @@ func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.offered = append(p.offered, r.URL.Query()["ver"])
 	res, err := gomatrixserverlib.HandleMakeJoin(gomatrixserverlib.HandleMakeJoinInput{
 		Context: r.Context(), UserID: *user, SenderID: spec.SenderID(user.String()), RoomID: *rid,
 		RoomVersion: p.version, RemoteVersions: remote, RequestOrigin: fr.Origin(),
@@ -486,6 +488,22 @@ func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	p.templates = append(p.templates, res.JoinTemplateEvent)
 	writeJSON(w, map[string]any{"room_version": res.RoomVersion, "event": res.JoinTemplateEvent})
+}
+
+// makeJoinIn answers make_join with a template of the room's current
+// state in another room version: a server hosting a room of that version.
+func (p *gmslPeer) makeJoinIn(w http.ResponseWriter, r *http.Request, version string) {
+	userID := r.PathValue("userId")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	proto := gomatrixserverlib.ProtoEvent{SenderID: userID, RoomID: p.roomID, Type: spec.MRoomMember, StateKey: &userID,
+		Content: []byte(`{"membership":"join"}`), PrevEvents: slices.Clone(p.latest), Depth: p.depthAfter(p.latest)}
+	eb := p.impl.NewEventBuilderFromProtoEvent(&proto)
+	if err := eb.AddAuthEvents(p.stateAt(p.latest).provider()); err != nil {
+		p.t.Error(err)
+	}
+	proto.AuthEvents = eb.AuthEvents
+	writeJSON(w, map[string]any{"room_version": version, "event": proto})
 }
 
 // sendJoin accepts a join (gomatrixserverlib.HandleSendJoin, then the
@@ -639,6 +657,13 @@ func (p *gmslPeer) handshakes() ([]gomatrixserverlib.ProtoEvent, []gomatrixserve
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return slices.Clone(p.templates), slices.Clone(p.joins)
+}
+
+// offeredVersions returns the room versions each make_join offered.
+func (p *gmslPeer) offeredVersions() [][]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.offered)
 }
 
 // receivedPDUs returns the PDUs the daemon sent.

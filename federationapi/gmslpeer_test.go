@@ -469,6 +469,59 @@ func TestGmslPeerJoinFailures(t *testing.T) {
 	})
 }
 
+// A room in a version the daemon does not support is not joined: the
+// daemon offers the remote only the versions it supports (those of
+// /capabilities), and refuses a template in another one.
+func TestGmslPeerJoinRoomVersions(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), nil)
+	alice := n.Register(t, "alice", "")
+	caps := n.Must(t, "GET", "/_matrix/client/v3/capabilities", alice.Token, nil)
+	available := slices.Sorted(maps.Keys(caps["capabilities"].(map[string]any)["m.room_versions"].(map[string]any)["available"].(map[string]any)))
+
+	p := joinedPeer(t, n, alice, gomatrixserverlib.RoomVersionV10)
+	if offered := p.offeredVersions(); len(offered) != 1 || !slices.Equal(sorted(offered[0]...), available) {
+		t.Fatalf("make_join offered %v, /capabilities has %v", offered, available)
+	}
+
+	unsupported := string(gomatrixserverlib.RoomVersionPseudoIDs)
+	if slices.Contains(available, unsupported) {
+		t.Fatalf("%s is supported", unsupported)
+	}
+	for _, tc := range []struct {
+		name     string
+		makeJoin func(p *gmslPeer) http.HandlerFunc
+	}{
+		{"the room's server checks the versions offered", func(p *gmslPeer) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				if !slices.Contains(r.URL.Query()["ver"], unsupported) {
+					writeStatus(w, http.StatusBadRequest, spec.IncompatibleRoomVersion(unsupported))
+					return
+				}
+				p.makeJoinIn(w, r, unsupported)
+			}
+		}},
+		{"the room's server ignores the versions offered", func(p *gmslPeer) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) { p.makeJoinIn(w, r, unsupported) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newGmslPeer(t, gomatrixserverlib.RoomVersionV10)
+			p.setFailures(tc.makeJoin(p), nil)
+			path := "/_matrix/client/v3/join/" + url.PathEscape(p.roomID) + "?server_name=" + url.QueryEscape(p.Name)
+			r := n.Do(t, "POST", path, alice.Token, map[string]any{})
+			if r.Status != http.StatusBadRequest || r.Errcode() != "M_INCOMPATIBLE_ROOM_VERSION" {
+				t.Fatalf("join: %d %s", r.Status, r.Raw)
+			}
+			if p.served("send_join") != 0 {
+				t.Fatal("send_join was sent")
+			}
+			if _, err := n.Store.Room(context.Background(), p.roomID); !errors.Is(err, storage.ErrNotFound) {
+				t.Fatalf("the room is stored: %v", err)
+			}
+		})
+	}
+}
+
 // The daemon's own events reach the peer's room: a message of a local
 // user comes to the peer over /send, signed, built on the join.
 func TestGmslPeerReceivesDaemonEvents(t *testing.T) {
