@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/url"
@@ -293,6 +294,86 @@ func TestGmslPeerInbound(t *testing.T) {
 			}
 		})
 
+		// More missing events than one get_missing_events brings: the
+		// newest are placed, the oldest of them on the state its sender
+		// gives.
+		t.Run("a gap longer than get_missing_events' limit", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			since := syncToken(t, n, alice)
+			var msgs []gomatrixserverlib.PDU
+			for i := range 30 {
+				msgs = append(msgs, p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message(fmt.Sprint(i))}))
+			}
+			if res := p.send(t, n, rawEvents(msgs[29])...); len(res) != 1 || res[msgs[29].EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			tl, _ := roomTimeline(t, n, alice, p.roomID, since)
+			ids := timelineIDs(tl)
+			if len(ids) < 2 || len(ids) >= 30 || !slices.Equal(ids, eventIDs(msgs[30-len(ids):])) {
+				t.Fatalf("timeline %v, want the newest of %v in order", ids, eventIDs(msgs))
+			}
+			if p.served("get_missing_events") != 1 || p.served("state_ids") != 1 {
+				t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+			}
+		})
+
+		// An event built on a rejected one is judged on its own: the
+		// rejected event stays out.
+		t.Run("an event after a rejected one", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			bad := p.add(peerEvent{Sender: p.user("mallory"), Type: "m.room.message", Content: message("let me in"),
+				Unchecked: true})
+			if res := p.send(t, n, rawEvents(bad)...); res[bad.EventID()] == "" {
+				t.Fatalf("answer %v", res)
+			}
+			since := syncToken(t, n, alice)
+			next := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("after")})
+			if res := p.send(t, n, rawEvents(next)...); len(res) != 1 || res[next.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); !slices.Equal(timelineIDs(tl), []string{next.EventID()}) {
+				t.Fatalf("timeline %v, want only %s", timelineIDs(tl), next.EventID())
+			}
+			if s := eventStatus(t, n, alice, p.roomID, bad.EventID()); s != http.StatusNotFound {
+				t.Fatalf("GET the rejected event: %d", s)
+			}
+		})
+
+		// The peer cannot speak for the daemon's users: an event with one
+		// as sender, signed by the peer only, is refused.
+		t.Run("an event of a daemon user signed by the peer", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			state := daemonState(t, n, alice, p.roomID)
+			leave := p.add(peerEvent{Sender: alice.UserID, Type: spec.MRoomMember, StateKey: &alice.UserID,
+				Content: map[string]any{"membership": spec.Leave}, Detached: true})
+			res := p.send(t, n, rawEvents(leave)...)
+			if !strings.Contains(res[leave.EventID()], "signature") {
+				t.Fatalf("answer %v", res)
+			}
+			if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, state) {
+				t.Fatalf("state changed from\n%v\nto\n%v", state, got)
+			}
+		})
+
+		// The peer's creator kicks the daemon's user: the daemon's view of
+		// the room follows.
+		t.Run("a kick of the daemon's user", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			since := syncToken(t, n, alice)
+			kick := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &alice.UserID,
+				Content: map[string]any{"membership": spec.Leave, "reason": "out"}})
+			p.sendEvents(t, n, kick)
+			rooms := n.Must(t, "GET", "/_matrix/client/v3/joined_rooms", alice.Token, nil)["joined_rooms"].([]any)
+			if slices.Contains(rooms, any(p.roomID)) {
+				t.Fatalf("joined rooms %v", rooms)
+			}
+			r := n.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0&since="+url.QueryEscape(since), alice.Token, nil)
+			left, _ := r["rooms"].(map[string]any)["leave"].(map[string]any)[p.roomID].(map[string]any)
+			if left == nil {
+				t.Fatalf("no leave section for the room: %v", r["rooms"])
+			}
+		})
+
 		// An event on a branch that left the room's history before the
 		// daemon joined: it is placed, and the history before the join
 		// (the room's first events, a message) stays out of the timeline,
@@ -465,6 +546,27 @@ func TestGmslPeerJoinFailures(t *testing.T) {
 					t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
 				}
 			})
+		}
+	})
+}
+
+// A send_join answer with a state event its server did not sign: the
+// join goes through without it.
+func TestGmslPeerJoinForgedState(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		p := newGmslPeer(t, v)
+		_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
+		empty := ""
+		forged := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "forged"}, Key: otherKey})
+		joinPeerRoom(t, n, alice, p)
+		want := p.current().ids()
+		delete(want, "m.room.topic|")
+		if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, want) {
+			t.Fatalf("the daemon's state\n%v\nwant\n%v", got, want)
+		}
+		if stored, err := n.Store.RoomEventsByID(context.Background(), []string{forged.EventID()}); err != nil || len(stored) != 0 {
+			t.Fatalf("the forged event is stored: %+v %v", stored, err)
 		}
 	})
 }
