@@ -152,6 +152,8 @@ type peerEvent struct {
 	// AuthAt takes the auth events from the state after that event
 	// instead of the state before the new one.
 	AuthAt string
+	// Auth, when set, are the auth events.
+	Auth []string
 	// Unchecked skips the auth rules: an event meant to fail them.
 	Unchecked bool
 	// Detached leaves the event out of the forward extremities.
@@ -187,6 +189,9 @@ func (p *gmslPeer) add(e peerEvent) gomatrixserverlib.PDU {
 	}
 	if err := eb.AddAuthEvents(authState.provider()); err != nil {
 		p.t.Fatalf("auth events of %s: %v", e.Type, err)
+	}
+	if e.Auth != nil {
+		eb.AuthEvents = e.Auth
 	}
 	key := p.Key
 	if e.Key != nil {

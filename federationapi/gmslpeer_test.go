@@ -337,6 +337,39 @@ func TestGmslPeerInbound(t *testing.T) {
 			if s := eventStatus(t, n, alice, p.roomID, bad.EventID()); s != http.StatusNotFound {
 				t.Fatalf("GET the rejected event: %d", s)
 			}
+			// The state before it is the state before the rejected one: no
+			// gap to fill.
+			if p.served("get_missing_events")+p.served("state_ids") != 0 {
+				t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+			}
+		})
+
+		// A rejected state event changes no state, also for the events
+		// after it: the state before them is as if it were not there.
+		t.Run("the state after a rejected state event", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			carol, dave := p.user("carol"), p.user("dave")
+			join := p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Join}})
+			// Only moderators invite.
+			power := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomPowerLevels, StateKey: &empty,
+				Content: map[string]any{"users": map[string]any{p.creator: 100}, "invite": 50}})
+			p.sendEvents(t, n, join, power)
+			create := p.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomCreate}]
+			// carol takes power; the peer builds on it.
+			grab := p.add(peerEvent{Sender: carol, Type: spec.MRoomPowerLevels, StateKey: &empty,
+				Content: map[string]any{"users": map[string]any{p.creator: 100, carol: 100}, "invite": 50}, Unchecked: true})
+			if res := p.send(t, n, rawEvents(grab)...); res[grab.EventID()] == "" {
+				t.Fatalf("answer %v", res)
+			}
+			msg := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("after the power grab"), AuthAt: power.EventID()})
+			p.sendEvents(t, n, msg)
+			// carol's invite after it, citing no power levels (where anyone
+			// invites): the state before it has the room's real ones.
+			invite := p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &dave, Content: map[string]any{"membership": spec.Invite},
+				Auth: []string{create.EventID(), join.EventID()}, Unchecked: true, Detached: true})
+			if res := p.send(t, n, rawEvents(invite)...); !strings.Contains(res[invite.EventID()], "state before") {
+				t.Fatalf("answer %v: want a rejection by the state before it", res)
+			}
 		})
 
 		// The peer cannot speak for the daemon's users: an event with one

@@ -375,7 +375,10 @@ type priorState struct {
 // stateBefore decides the state before an event from its prev_events,
 // fetching what is missing.
 func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int, fill bool) (priorState, error) {
-	prevs := ev.PrevEventIDs()
+	prevs, err := s.statePrevs(ctx, ev.PrevEventIDs())
+	if err != nil {
+		return priorState{}, err
+	}
 	placed, err := s.placedAmong(ctx, prevs)
 	if err != nil {
 		return priorState{}, err
@@ -442,6 +445,52 @@ func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixser
 		evs = append(evs, p)
 	}
 	return priorState{ids: eventIDs(evs), events: evs}, nil
+}
+
+// maxRejectedHops bounds the rejected events walked through by
+// statePrevs; a longer chain is a gap.
+const maxRejectedHops = 10
+
+// statePrevs returns the events whose states make the state before an
+// event: its prev_events, a rejected one replaced by its own prev_events.
+// A rejected event changes no state: the state after it is the state
+// before it, never one the event is part of (which the state of its
+// sender, from /state_ids, would be).
+func (s *Service) statePrevs(ctx context.Context, prevs []string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	todo := prevs
+	for hop := 0; len(todo) > 0; hop++ {
+		stored, err := s.db.RoomEventsByID(ctx, todo)
+		if err != nil {
+			return nil, err
+		}
+		rejected := map[string]storage.RoomEvent{}
+		for _, e := range stored {
+			if e.Rejected {
+				rejected[e.EventID] = e
+			}
+		}
+		var next []string
+		for _, id := range todo {
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			r, ok := rejected[id]
+			if !ok || hop == maxRejectedHops {
+				out = append(out, id)
+				continue
+			}
+			p, err := pdu(r)
+			if err != nil {
+				return nil, err
+			}
+			next = append(next, p.PrevEventIDs()...)
+		}
+		todo = next
+	}
+	return out, nil
 }
 
 // placedAmong returns the IDs among ids of events placed in a room (not
