@@ -52,8 +52,9 @@ type gmslPeer struct {
 	// failMakeJoin and failSendJoin, when set, answer those requests
 	// instead of the room.
 	failMakeJoin, failSendJoin http.HandlerFunc
-	// noMissingEvents answers every get_missing_events with no event.
-	noMissingEvents bool
+	// noMissingEvents answers every get_missing_events with no event;
+	// failMissingEvents with 500.
+	noMissingEvents, failMissingEvents bool
 }
 
 // setFailures sets the answers that replace make_join and send_join
@@ -69,6 +70,13 @@ func (p *gmslPeer) answerNoMissingEvents() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.noMissingEvents = true
+}
+
+// breakMissingEvents makes get_missing_events answer 500.
+func (p *gmslPeer) breakMissingEvents() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failMissingEvents = true
 }
 
 // peerState is a room state: (type, state_key) -> event.
@@ -584,6 +592,10 @@ func (p *gmslPeer) missingEvents(w http.ResponseWriter, r *http.Request) {
 	p.minDepths = append(p.minDepths, req.MinDepth)
 	if p.noMissingEvents {
 		writeJSON(w, map[string]any{"events": []any{}})
+		return
+	}
+	if p.failMissingEvents {
+		writeStatus(w, http.StatusInternalServerError, map[string]string{"errcode": "M_UNKNOWN", "error": "broken"})
 		return
 	}
 	seen := map[string]bool{}

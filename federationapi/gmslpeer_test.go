@@ -436,6 +436,25 @@ func TestGmslPeerInbound(t *testing.T) {
 			}
 		})
 
+		// get_missing_events failing: the gap is crossed with state_ids
+		// all the same.
+		t.Run("a gap when get_missing_events fails", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			p.breakMissingEvents()
+			since := syncToken(t, n, alice)
+			p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("one")})
+			two := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("two")})
+			if res := p.send(t, n, rawEvents(two)...); len(res) != 1 || res[two.EventID()] != "" {
+				t.Fatalf("answer %v", res)
+			}
+			if p.served("get_missing_events") != 1 || p.served("state_ids") != 1 {
+				t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+			}
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); !slices.Equal(timelineIDs(tl), []string{two.EventID()}) {
+				t.Fatalf("timeline %v, want only %s", timelineIDs(tl), two.EventID())
+			}
+		})
+
 		// Allowed by the state before it, not by the current state: kept,
 		// never shown, never built upon.
 		t.Run("an event the current state forbids is soft-failed", func(t *testing.T) {
