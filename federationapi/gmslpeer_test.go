@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/fclient"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -699,6 +700,85 @@ func TestGmslPeerReceivesDaemonEvents(t *testing.T) {
 		}
 		if x := p.extremities(); !slices.Equal(x, []string{id}) {
 			t.Fatalf("the peer did not take the message into its room: extremities %v", x)
+		}
+	})
+}
+
+// peerJoinClient is the peer's side of a join of a daemon's room, for
+// gomatrixserverlib.PerformJoin: make_join and v2 send_join to the node.
+type peerJoinClient struct {
+	t testing.TB
+	p *gmslPeer
+	n *testutil.Node
+}
+
+func (c peerJoinClient) MakeJoin(_ context.Context, _, _ spec.ServerName, roomID, userID string) (gomatrixserverlib.MakeJoinResponse, error) {
+	q := url.Values{}
+	for _, v := range peerVersions {
+		q.Add("ver", string(v))
+	}
+	path := "/_matrix/federation/v1/make_join/" + url.PathEscape(roomID) + "/" + url.PathEscape(userID) + "?" + q.Encode()
+	r := testutil.SendTo(c.t, c.n, c.p.SignedRequest(c.t, "GET", c.n.ServerName, path, nil, "", nil))
+	if r.Status != http.StatusOK {
+		return nil, fmt.Errorf("make_join: %d %s", r.Status, r.Raw)
+	}
+	var out fclient.RespMakeJoin
+	return &out, json.Unmarshal(r.Raw, &out)
+}
+
+func (c peerJoinClient) SendJoin(_ context.Context, _, _ spec.ServerName, ev gomatrixserverlib.PDU) (gomatrixserverlib.SendJoinResponse, error) {
+	path := "/_matrix/federation/v2/send_join/" + url.PathEscape(ev.RoomID().String()) + "/" + url.PathEscape(ev.EventID())
+	r := testutil.SendTo(c.t, c.n, c.p.SignedRequest(c.t, "PUT", c.n.ServerName, path, json.RawMessage(ev.JSON()), "", nil))
+	if r.Status != http.StatusOK {
+		return nil, fmt.Errorf("send_join: %d %s", r.Status, r.Raw)
+	}
+	var out fclient.RespSendJoin
+	return &out, json.Unmarshal(r.Raw, &out)
+}
+
+// The other way round: a user of the gomatrixserverlib server joins a
+// daemon's room with gomatrixserverlib.PerformJoin, whose checks the
+// daemon's make_join and send_join answers pass; both then agree on the
+// state.
+func TestGmslPeerJoinsDaemonRoom(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{
+			"preset": "public_chat", "room_version": string(v), "name": "on the daemon",
+		})["room_id"].(string)
+		n.Must(t, "PUT", rpath(roomID, "/send/m.room.message/m1"), alice.Token, message("before bob"))
+		before := daemonState(t, n, alice, roomID)
+
+		p := newGmslPeer(t, v)
+		bob, _ := spec.NewUserID(p.user("bob"), true)
+		rid, _ := spec.NewRoomID(roomID)
+		res, ferr := gomatrixserverlib.PerformJoin(context.Background(), peerJoinClient{t, p, n}, gomatrixserverlib.PerformJoinInput{
+			UserID: bob, RoomID: rid, ServerName: spec.ServerName(n.ServerName), PrivateKey: p.Key, KeyID: p.KeyID, KeyRing: p.keyRing,
+			EventProvider: func(gomatrixserverlib.RoomVersion, []string) ([]gomatrixserverlib.PDU, error) { return nil, nil },
+			UserIDQuerier: peerUserIDForSender,
+			GetOrCreateSenderID: func(_ context.Context, u spec.UserID, _ spec.RoomID, _ string) (spec.SenderID, ed25519.PrivateKey, error) {
+				return spec.SenderID(u.String()), p.Key, nil
+			},
+			StoreSenderIDFromPublicID: func(context.Context, spec.SenderID, string, spec.RoomID) error { return nil },
+		})
+		if ferr != nil {
+			t.Fatalf("join: %v", ferr.Err)
+		}
+		if res.JoinEvent.Version() != v {
+			t.Fatalf("joined a room of version %s", res.JoinEvent.Version())
+		}
+		got := map[string]string{}
+		for _, ev := range res.StateSnapshot.GetStateEvents().UntrustedEvents(v) {
+			got[ev.Type()+"|"+*ev.StateKey()] = ev.EventID()
+		}
+		if !maps.Equal(got, before) {
+			t.Fatalf("send_join's state\n%v\nthe daemon's before the join\n%v", got, before)
+		}
+		if members := joinedMembers(t, n, alice, roomID); !equalStrings(members, sorted(alice.UserID, bob.String())...) {
+			t.Fatalf("joined members %v", members)
+		}
+		if st := daemonState(t, n, alice, roomID); st["m.room.member|"+bob.String()] != res.JoinEvent.EventID() {
+			t.Fatalf("bob's member event %s, want %s", st["m.room.member|"+bob.String()], res.JoinEvent.EventID())
 		}
 	})
 }
