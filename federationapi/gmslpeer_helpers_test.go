@@ -3,6 +3,8 @@ package federationapi_test
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -216,6 +218,43 @@ func (p *gmslPeer) add(e peerEvent) gomatrixserverlib.PDU {
 	}
 	p.keep(ev, before, !e.Detached)
 	return ev
+}
+
+// resign hashes and signs an event's JSON as the peer, after a test
+// changed it past what gomatrixserverlib's builder accepts.
+func (p *gmslPeer) resign(obj map[string]any) json.RawMessage {
+	p.t.Helper()
+	delete(obj, "signatures")
+	delete(obj, "unsigned")
+	delete(obj, "hashes")
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	canonical, err := gomatrixserverlib.CanonicalJSON(raw)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	sum := sha256.Sum256(canonical)
+	obj["hashes"] = map[string]string{"sha256": base64.RawStdEncoding.EncodeToString(sum[:])}
+	raw, _ = json.Marshal(obj)
+	redacted, err := p.impl.RedactEventJSON(raw)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	signed, err := gomatrixserverlib.SignJSON(p.Name, p.KeyID, p.Key, redacted)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	var sigs struct {
+		Signatures json.RawMessage `json:"signatures"`
+	}
+	if err := json.Unmarshal(signed, &sigs); err != nil {
+		p.t.Fatal(err)
+	}
+	obj["signatures"] = sigs.Signatures
+	raw, _ = json.Marshal(obj)
+	return raw
 }
 
 // keep stores an event with the state before it; extremity makes it a

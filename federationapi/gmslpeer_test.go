@@ -215,6 +215,36 @@ func TestGmslPeerInbound(t *testing.T) {
 			if s := eventStatus(t, n, alice, p.roomID, forged.EventID()); s != http.StatusNotFound {
 				t.Fatalf("GET the forged event: %d", s)
 			}
+			// Signed and hashed, but too large; with more prev_events (20)
+			// or auth_events (10) than a PDU may have.
+			var big map[string]any
+			_ = json.Unmarshal(p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("x"), Detached: true}).JSON(), &big)
+			big["content"] = message(strings.Repeat("x", 70000))
+			var branches []string
+			for range 21 {
+				branches = append(branches, p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("branch"),
+					Prev: p.extremities(), Detached: true}).EventID())
+			}
+			wide := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("wide"), Prev: branches, Detached: true})
+			tall := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("tall"), Auth: branches[:11],
+				Detached: true, Unchecked: true})
+			res = p.send(t, n, p.resign(big), json.RawMessage(wide.JSON()), json.RawMessage(tall.JSON()))
+			if !strings.Contains(res[wide.EventID()], "prev_events") || !strings.Contains(res[tall.EventID()], "auth_events") {
+				t.Errorf("answer %v", res)
+			}
+			if p.served("event")+p.served("get_missing_events")+p.served("state_ids") != 0 {
+				t.Errorf("invalid events made the daemon fetch: event %d, get_missing_events %d, state_ids %d",
+					p.served("event"), p.served("get_missing_events"), p.served("state_ids"))
+			}
+			for id, e := range res {
+				if e == "" {
+					t.Errorf("%s accepted", id)
+				}
+			}
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); len(tl) != 0 {
+				t.Fatalf("timeline %+v", tl)
+			}
+
 			// A transaction whose pdus are not a list: 400, not 500.
 			r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, "/_matrix/federation/v1/send/notalist",
 				map[string]any{"origin": p.Name, "origin_server_ts": 1, "pdus": 5}, "", nil))

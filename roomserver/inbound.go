@@ -47,7 +47,23 @@ const (
 	maxFetched = 500
 	// missingEventsLimit is the limit of one /get_missing_events.
 	missingEventsLimit = 20
+	// maxPrevEvents and maxAuthEvents bound a PDU's references (the
+	// spec's limits).
+	maxPrevEvents = 20
+	maxAuthEvents = 10
 )
+
+// checkReferences refuses an event with more prev_events or auth_events
+// than a PDU may have, before anything is fetched for it.
+func checkReferences(ev gomatrixserverlib.PDU) error {
+	if n := len(ev.PrevEventIDs()); n > maxPrevEvents {
+		return fmt.Errorf("invalid event: %d prev_events, at most %d", n, maxPrevEvents)
+	}
+	if n := len(ev.AuthEventIDs()); n > maxAuthEvents {
+		return fmt.Errorf("invalid event: %d auth_events, at most %d", n, maxAuthEvents)
+	}
+	return nil
+}
 
 // errRejected marks an event that failed the auth rules.
 type errRejected struct{ reason string }
@@ -135,6 +151,9 @@ func (s *Service) receiveAs(ctx context.Context, origin string, ev gomatrixserve
 			return errRejected{"rejected before"}
 		}
 		return nil // a duplicate
+	}
+	if err := checkReferences(ev); err != nil {
+		return err
 	}
 	if err := gomatrixserverlib.VerifyEventSignatures(ctx, ev, s.opts.KeyRing, userIDForSender); err != nil {
 		return fmt.Errorf("bad signature: %v", err)
@@ -253,6 +272,9 @@ func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomat
 	}
 	if ev.EventID() != id {
 		return storage.RoomEvent{}, fmt.Errorf("asked for event %s, got %s", id, ev.EventID())
+	}
+	if err := checkReferences(ev); err != nil {
+		return storage.RoomEvent{}, fmt.Errorf("fetched event %s: %v", id, err)
 	}
 	if err := gomatrixserverlib.VerifyEventSignatures(ctx, ev, s.opts.KeyRing, userIDForSender); err != nil {
 		return storage.RoomEvent{}, fmt.Errorf("fetched event %s: bad signature: %v", id, err)
