@@ -257,6 +257,24 @@ func (p *gmslPeer) resign(obj map[string]any) json.RawMessage {
 	return raw
 }
 
+// replace puts another copy of a kept event in its place: the same event
+// with more signatures (an invite signed by the invitee's server).
+func (p *gmslPeer) replace(ev gomatrixserverlib.PDU) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.events[ev.EventID()] == nil {
+		p.t.Fatalf("replacing unknown event %s", ev.EventID())
+	}
+	p.events[ev.EventID()] = ev
+	for _, st := range p.stateAfter {
+		for k, e := range st {
+			if e.EventID() == ev.EventID() {
+				st[k] = ev
+			}
+		}
+	}
+}
+
 // keep stores an event with the state before it; extremity makes it a
 // forward extremity in place of its prev_events.
 func (p *gmslPeer) keep(ev gomatrixserverlib.PDU, before peerState, extremity bool) {
