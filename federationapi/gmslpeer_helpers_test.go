@@ -440,6 +440,8 @@ func (p *gmslPeer) serve() {
 	mux := p.Mux
 	mux.HandleFunc("GET /_matrix/federation/v1/make_join/{roomId}/{userId}", p.makeJoin)
 	mux.HandleFunc("PUT /_matrix/federation/v2/send_join/{roomId}/{eventId}", p.sendJoin)
+	mux.HandleFunc("GET /_matrix/federation/v1/make_leave/{roomId}/{userId}", p.makeLeave)
+	mux.HandleFunc("PUT /_matrix/federation/v2/send_leave/{roomId}/{eventId}", p.sendLeave)
 	mux.HandleFunc("GET /_matrix/federation/v1/event/{eventId}", func(w http.ResponseWriter, r *http.Request) {
 		if p.verify(w, r) == nil {
 			return
@@ -539,18 +541,7 @@ func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
 		RoomVersion: p.version, RemoteVersions: remote, RequestOrigin: fr.Origin(),
 		LocalServerName: spec.ServerName(p.Name), LocalServerInRoom: true,
 		RoomQuerier: peerQuerier{p}, UserIDQuerier: peerUserIDForSender,
-		BuildEventTemplate: func(proto *gomatrixserverlib.ProtoEvent) (gomatrixserverlib.PDU, []gomatrixserverlib.PDU, error) {
-			state := p.stateAt(p.latest)
-			proto.PrevEvents = slices.Clone(p.latest)
-			proto.Depth = p.depthAfter(p.latest)
-			eb := p.impl.NewEventBuilderFromProtoEvent(proto)
-			if err := eb.AddAuthEvents(state.provider()); err != nil {
-				return nil, nil, err
-			}
-			proto.AuthEvents = eb.AuthEvents
-			ev, err := eb.Build(time.Now(), spec.ServerName(p.Name), p.KeyID, p.Key)
-			return ev, state.list(), err
-		},
+		BuildEventTemplate: p.buildTemplate,
 	})
 	if err != nil {
 		writeSpecError(w, err)
@@ -574,6 +565,91 @@ func (p *gmslPeer) makeJoinIn(w http.ResponseWriter, r *http.Request, version st
 	}
 	proto.AuthEvents = eb.AuthEvents
 	writeJSON(w, map[string]any{"room_version": version, "event": proto})
+}
+
+// buildTemplate builds a membership template on the room's current
+// state, as make_join and make_leave answer it.
+func (p *gmslPeer) buildTemplate(proto *gomatrixserverlib.ProtoEvent) (gomatrixserverlib.PDU, []gomatrixserverlib.PDU, error) {
+	state := p.stateAt(p.latest)
+	proto.PrevEvents = slices.Clone(p.latest)
+	proto.Depth = p.depthAfter(p.latest)
+	eb := p.impl.NewEventBuilderFromProtoEvent(proto)
+	if err := eb.AddAuthEvents(state.provider()); err != nil {
+		return nil, nil, err
+	}
+	proto.AuthEvents = eb.AuthEvents
+	ev, err := eb.Build(time.Now(), spec.ServerName(p.Name), p.KeyID, p.Key)
+	return ev, state.list(), err
+}
+
+// makeLeave answers a leave template (gomatrixserverlib.HandleMakeLeave).
+func (p *gmslPeer) makeLeave(w http.ResponseWriter, r *http.Request) {
+	fr := p.verify(w, r)
+	if fr == nil {
+		return
+	}
+	p.count("make_leave")
+	user, err := spec.NewUserID(r.PathValue("userId"), true)
+	if err != nil || r.PathValue("roomId") != p.roomID {
+		writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown room or user"})
+		return
+	}
+	rid, _ := spec.NewRoomID(p.roomID)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res, err := gomatrixserverlib.HandleMakeLeave(gomatrixserverlib.HandleMakeLeaveInput{
+		UserID: *user, SenderID: spec.SenderID(user.String()), RoomID: *rid, RoomVersion: p.version,
+		RequestOrigin: fr.Origin(), LocalServerName: spec.ServerName(p.Name), LocalServerInRoom: true,
+		UserIDQuerier: peerUserIDForSender, BuildEventTemplate: p.buildTemplate,
+	})
+	if err != nil {
+		writeSpecError(w, err)
+		return
+	}
+	writeJSON(w, map[string]any{"room_version": res.RoomVersion, "event": res.LeaveTemplateEvent})
+}
+
+// sendLeave accepts a leave of the requesting server's user that the
+// auth rules allow.
+func (p *gmslPeer) sendLeave(w http.ResponseWriter, r *http.Request) {
+	fr := p.verify(w, r)
+	if fr == nil {
+		return
+	}
+	p.count("send_leave")
+	ev, err := p.impl.NewEventFromUntrustedJSON(fr.Content())
+	if err == nil && ev.EventID() != r.PathValue("eventId") {
+		err = errors.New("the event ID differs from the path's")
+	}
+	if err == nil {
+		err = gomatrixserverlib.VerifyEventSignatures(r.Context(), ev, p.keyRing, peerUserIDForSender)
+	}
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, map[string]string{"errcode": "M_BAD_JSON", "error": err.Error()})
+		return
+	}
+	m, _ := ev.Membership()
+	if m != spec.Leave || ev.StateKey() == nil || *ev.StateKey() != string(ev.SenderID()) || senderServer(ev.SenderID()) != fr.Origin() {
+		writeStatus(w, http.StatusBadRequest, map[string]string{"errcode": "M_BAD_JSON", "error": "not a leave of the requesting server's user"})
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	before := p.stateAt(ev.PrevEventIDs())
+	if err := gomatrixserverlib.Allowed(ev, before.provider(), peerUserIDForSender); err != nil {
+		writeStatus(w, http.StatusForbidden, map[string]string{"errcode": "M_FORBIDDEN", "error": err.Error()})
+		return
+	}
+	p.keep(ev, before, true)
+	writeJSON(w, map[string]any{})
+}
+
+func senderServer(sender spec.SenderID) spec.ServerName {
+	u, err := spec.NewUserID(string(sender), true)
+	if err != nil {
+		return ""
+	}
+	return u.Domain()
 }
 
 // sendJoin accepts a join (gomatrixserverlib.HandleSendJoin, then the

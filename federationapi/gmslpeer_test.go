@@ -818,44 +818,63 @@ func TestGmslPeerJoinsDaemonRoom(t *testing.T) {
 // alone, through the inviter's server.
 func TestGmslPeerInvite(t *testing.T) {
 	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
-		alice := n.Register(t, "alice"+string(v), "")
-		since := syncToken(t, n, alice)
-		p := newGmslPeer(t, v)
-		empty := ""
-		p.add(peerEvent{Sender: p.creator, Type: spec.MRoomJoinRules, StateKey: &empty, Content: map[string]any{"join_rule": spec.Invite}})
-		invite := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &alice.UserID, Content: map[string]any{"membership": spec.Invite}})
-		var stripped []any
-		for _, ev := range p.current().list() {
-			if ev.Type() == spec.MRoomCreate || ev.Type() == spec.MRoomJoinRules {
-				stripped = append(stripped, gomatrixserverlib.NewInviteStrippedState(ev))
-			}
-		}
-		path := "/_matrix/federation/v2/invite/" + url.PathEscape(p.roomID) + "/" + url.PathEscape(invite.EventID())
-		r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, path, map[string]any{
-			"room_version": v, "event": json.RawMessage(invite.JSON()), "invite_room_state": stripped}, "", nil))
-		if r.Status != http.StatusOK {
-			t.Fatalf("invite: %d %s", r.Status, r.Raw)
-		}
-		raw, _ := json.Marshal(r.Body["event"])
-		signed, err := p.impl.NewEventFromUntrustedJSON(raw)
-		if err != nil || signed.EventID() != invite.EventID() {
-			t.Fatalf("signed invite %s: %v", raw, err)
-		}
-		if err := gomatrixserverlib.VerifyEventSignatures(context.Background(), signed, p.keyRing, peerUserIDForSender); err != nil {
-			t.Fatalf("the signed invite: %v", err)
-		}
-		p.replace(signed)
-
-		_, _, body := syncChanged(t, n, alice, since)
-		if inv, _ := body["rooms"].(map[string]any)["invite"].(map[string]any)[p.roomID].(map[string]any); inv == nil {
-			t.Fatalf("no invite in /sync: %v", body["rooms"])
-		}
-		n.Must(t, "POST", rpath(p.roomID, "/join"), alice.Token, map[string]any{})
-		if got := joinedMembers(t, n, alice, p.roomID); !equalStrings(got, sorted(alice.UserID, p.creator)...) {
-			t.Fatalf("joined members %v", got)
-		}
-		if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
-			t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
-		}
+		t.Run("joined", func(t *testing.T) { peerInvite(t, n, v, false) })
+		t.Run("rejected", func(t *testing.T) { peerInvite(t, n, v, true) })
 	})
+}
+
+// peerInvite runs an invite from the peer, joined or rejected.
+func peerInvite(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion, reject bool) {
+	alice := n.Register(t, fmt.Sprintf("alice%s%v", v, reject), "")
+	since := syncToken(t, n, alice)
+	p := newGmslPeer(t, v)
+	empty := ""
+	p.add(peerEvent{Sender: p.creator, Type: spec.MRoomJoinRules, StateKey: &empty, Content: map[string]any{"join_rule": spec.Invite}})
+	invite := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &alice.UserID, Content: map[string]any{"membership": spec.Invite}})
+	var stripped []any
+	for _, ev := range p.current().list() {
+		if ev.Type() == spec.MRoomCreate || ev.Type() == spec.MRoomJoinRules {
+			stripped = append(stripped, gomatrixserverlib.NewInviteStrippedState(ev))
+		}
+	}
+	path := "/_matrix/federation/v2/invite/" + url.PathEscape(p.roomID) + "/" + url.PathEscape(invite.EventID())
+	r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, path, map[string]any{
+		"room_version": v, "event": json.RawMessage(invite.JSON()), "invite_room_state": stripped}, "", nil))
+	if r.Status != http.StatusOK {
+		t.Fatalf("invite: %d %s", r.Status, r.Raw)
+	}
+	raw, _ := json.Marshal(r.Body["event"])
+	signed, err := p.impl.NewEventFromUntrustedJSON(raw)
+	if err != nil || signed.EventID() != invite.EventID() {
+		t.Fatalf("signed invite %s: %v", raw, err)
+	}
+	if err := gomatrixserverlib.VerifyEventSignatures(context.Background(), signed, p.keyRing, peerUserIDForSender); err != nil {
+		t.Fatalf("the signed invite: %v", err)
+	}
+	p.replace(signed)
+
+	_, _, body := syncChanged(t, n, alice, since)
+	if inv, _ := body["rooms"].(map[string]any)["invite"].(map[string]any)[p.roomID].(map[string]any); inv == nil {
+		t.Fatalf("no invite in /sync: %v", body["rooms"])
+	}
+	if reject {
+		// Rejected through the inviter's server: make_leave, send_leave.
+		n.Must(t, "POST", rpath(p.roomID, "/leave"), alice.Token, map[string]any{})
+		leave := p.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomMember, StateKey: alice.UserID}]
+		if m, _ := leave.Membership(); m != spec.Leave || string(leave.SenderID()) != alice.UserID {
+			t.Fatalf("the peer's member event of alice %s", leave.JSON())
+		}
+		_, _, body := syncChanged(t, n, alice, since)
+		if inv, _ := body["rooms"].(map[string]any)["invite"].(map[string]any)[p.roomID]; inv != nil {
+			t.Fatalf("the invite is still in /sync: %v", body["rooms"])
+		}
+		return
+	}
+	n.Must(t, "POST", rpath(p.roomID, "/join"), alice.Token, map[string]any{})
+	if got := joinedMembers(t, n, alice, p.roomID); !equalStrings(got, sorted(alice.UserID, p.creator)...) {
+		t.Fatalf("joined members %v", got)
+	}
+	if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
+		t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+	}
 }
