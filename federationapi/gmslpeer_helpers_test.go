@@ -164,6 +164,8 @@ type peerEvent struct {
 	AuthAt string
 	// Auth, when set, are the auth events.
 	Auth []string
+	// Redacts is the event a redaction redacts.
+	Redacts string
 	// Unchecked skips the auth rules: an event meant to fail them.
 	Unchecked bool
 	// Detached leaves the event out of the forward extremities.
@@ -191,7 +193,7 @@ func (p *gmslPeer) add(e peerEvent) gomatrixserverlib.PDU {
 		p.t.Fatal(err)
 	}
 	proto := gomatrixserverlib.ProtoEvent{SenderID: e.Sender, RoomID: p.roomID, Type: e.Type, StateKey: e.StateKey,
-		Content: content, PrevEvents: prev, Depth: p.depthAfter(prev)}
+		Content: content, PrevEvents: prev, Depth: p.depthAfter(prev), Redacts: e.Redacts}
 	eb := p.impl.NewEventBuilderFromProtoEvent(&proto)
 	authState := before
 	if e.AuthAt != "" {

@@ -403,6 +403,32 @@ func TestGmslPeerInbound(t *testing.T) {
 			}
 		})
 
+		// Redactions of a daemon user's message from the peer: its
+		// moderator's applies; one by a user without power does not (up
+		// to version 2 the auth rules reject it).
+		t.Run("redactions from the peer", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			carol := p.user("carol")
+			p.sendEvents(t, n, p.add(peerEvent{Sender: carol, Type: spec.MRoomMember, StateKey: &carol, Content: map[string]any{"membership": spec.Join}}))
+			mine := n.Must(t, "PUT", rpath(p.roomID, "/send/m.room.message/r1"), alice.Token, message("mine"))["event_id"].(string)
+			body := func() any {
+				return n.Must(t, "GET", rpath(p.roomID, "/event/"+url.PathEscape(mine)), alice.Token, nil)["content"].(map[string]any)["body"]
+			}
+			byCarol := p.add(peerEvent{Sender: carol, Type: spec.MRoomRedaction, Content: map[string]any{}, Redacts: mine, Unchecked: true, Detached: true})
+			res := p.send(t, n, rawEvents(byCarol)...)
+			if v == gomatrixserverlib.RoomVersionV1 && res[byCarol.EventID()] == "" {
+				t.Fatalf("carol's redaction accepted in a version 1 room: %v", res)
+			}
+			if b := body(); b != "mine" {
+				t.Fatalf("after carol's redaction: body %v", b)
+			}
+			byCreator := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomRedaction, Content: map[string]any{}, Redacts: mine})
+			p.sendEvents(t, n, byCreator)
+			if b := body(); b != nil {
+				t.Fatalf("after the moderator's redaction: body %v", b)
+			}
+		})
+
 		// The peer cannot speak for the daemon's users: an event with one
 		// as sender, signed by the peer only, is refused.
 		t.Run("an event of a daemon user signed by the peer", func(t *testing.T) {
