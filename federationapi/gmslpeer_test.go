@@ -602,11 +602,21 @@ func TestGmslPeerJoinFailures(t *testing.T) {
 		fail500 := func(w http.ResponseWriter, _ *http.Request) {
 			writeStatus(w, http.StatusInternalServerError, map[string]string{"errcode": "M_UNKNOWN", "error": "broken"})
 		}
+		refuse := func(status int, errcode string) http.HandlerFunc {
+			return func(w http.ResponseWriter, _ *http.Request) {
+				writeStatus(w, status, map[string]string{"errcode": errcode, "error": "no"})
+			}
+		}
 		for _, tc := range []struct {
 			name               string
 			makeJoin, sendJoin http.HandlerFunc
 			recover            bool
+			status             int    // the answer to the client (0: 502 or 504)
+			errcode            string // (when status is set)
 		}{
+			{name: "make_join refused", makeJoin: refuse(http.StatusForbidden, "M_FORBIDDEN"), status: http.StatusForbidden, errcode: "M_FORBIDDEN"},
+			{name: "make_join does not know the room", makeJoin: refuse(http.StatusNotFound, "M_NOT_FOUND"), status: http.StatusNotFound, errcode: "M_NOT_FOUND"},
+			{name: "send_join refused", sendJoin: refuse(http.StatusForbidden, "M_FORBIDDEN"), status: http.StatusForbidden, errcode: "M_FORBIDDEN"},
 			{name: "make_join answers 500", makeJoin: fail500},
 			{name: "send_join answers 500", sendJoin: fail500, recover: true},
 			{name: "send_join drops the connection", sendJoin: func(w http.ResponseWriter, _ *http.Request) {
@@ -624,7 +634,10 @@ func TestGmslPeerJoinFailures(t *testing.T) {
 				p.setFailures(tc.makeJoin, tc.sendJoin)
 				path := "/_matrix/client/v3/join/" + url.PathEscape(p.roomID) + "?server_name=" + url.QueryEscape(p.Name)
 				r := n.Do(t, "POST", path, alice.Token, map[string]any{})
-				if (r.Status != http.StatusBadGateway && r.Status != http.StatusGatewayTimeout) || r.Errcode() == "" {
+				if tc.status != 0 && (r.Status != tc.status || r.Errcode() != tc.errcode) {
+					t.Fatalf("join: %d %s, want %d %s", r.Status, r.Raw, tc.status, tc.errcode)
+				}
+				if tc.status == 0 && ((r.Status != http.StatusBadGateway && r.Status != http.StatusGatewayTimeout) || r.Errcode() == "") {
 					t.Fatalf("join: %d %s", r.Status, r.Raw)
 				}
 				if tc.sendJoin != nil && p.served("send_join") == 0 {
