@@ -896,6 +896,14 @@ func peerInvite(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion,
 	if inv, _ := body["rooms"].(map[string]any)["invite"].(map[string]any)[p.roomID].(map[string]any); inv == nil {
 		t.Fatalf("no invite in /sync: %v", body["rooms"])
 	}
+	// Invited is not in the room: the room's events are not taken.
+	msg := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("not yet")})
+	if res := p.send(t, n, rawEvents(msg)...); res[msg.EventID()] == "" {
+		t.Fatalf("an event of a room the daemon is only invited to was accepted: %v", res)
+	}
+	if stored, err := n.Store.RoomEventsByID(context.Background(), []string{msg.EventID()}); err != nil || len(stored) != 0 {
+		t.Fatalf("stored %+v %v", stored, err)
+	}
 	if reject {
 		// Rejected through the inviter's server: make_leave, send_leave.
 		n.Must(t, "POST", rpath(p.roomID, "/leave"), alice.Token, map[string]any{})

@@ -129,6 +129,11 @@ func (s *Service) receivePDU(ctx context.Context, origin string, raw json.RawMes
 	if err != nil {
 		return fallbackID(raw), fmt.Errorf("invalid event: %v", err)
 	}
+	if len(room.Extremities) == 0 {
+		// Known from an invite (or its rejection) only: nothing of the
+		// room is placed here, and nothing is until a join.
+		return ev.EventID(), errors.New("this server is not in the room")
+	}
 	defer s.lock(head.RoomID)()
 	budget := maxFetched
 	return ev.EventID(), s.receive(ctx, origin, ev, &budget, true)
