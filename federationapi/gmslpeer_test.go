@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/fclient"
@@ -848,6 +849,52 @@ func TestGmslPeerJoinsDaemonRoom(t *testing.T) {
 		}
 		if st := daemonState(t, n, alice, roomID); st["m.room.member|"+bob.String()] != res.JoinEvent.EventID() {
 			t.Fatalf("bob's member event %s, want %s", st["m.room.member|"+bob.String()], res.JoinEvent.EventID())
+		}
+
+		// bob speaks, built on his join and the state send_join gave.
+		since := syncToken(t, n, alice)
+		ae := gomatrixserverlib.NewAuthEvents(append(res.StateSnapshot.GetStateEvents().UntrustedEvents(v), res.JoinEvent))
+		content, _ := json.Marshal(message("hello from bob"))
+		eb := gomatrixserverlib.MustGetRoomVersion(v).NewEventBuilderFromProtoEvent(&gomatrixserverlib.ProtoEvent{
+			SenderID: bob.String(), RoomID: roomID, Type: "m.room.message", Content: content,
+			PrevEvents: []string{res.JoinEvent.EventID()}, Depth: res.JoinEvent.Depth() + 1})
+		if err := eb.AddAuthEvents(&ae); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := eb.Build(time.Now(), spec.ServerName(p.Name), p.KeyID, p.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.sendEvents(t, n, msg)
+		if tl, _ := roomTimeline(t, n, alice, roomID, since); !slices.Equal(timelineIDs(tl), []string{msg.EventID()}) {
+			t.Fatalf("timeline %v, want bob's message %s", timelineIDs(tl), msg.EventID())
+		}
+
+		// bob leaves through the daemon: make_leave, send_leave.
+		path := "/_matrix/federation/v1/make_leave/" + url.PathEscape(roomID) + "/" + url.PathEscape(bob.String())
+		r := testutil.SendTo(t, n, p.SignedRequest(t, "GET", n.ServerName, path, nil, "", nil))
+		if r.Status != http.StatusOK {
+			t.Fatalf("make_leave: %d %s", r.Status, r.Raw)
+		}
+		var tmpl struct {
+			Event gomatrixserverlib.ProtoEvent `json:"event"`
+		}
+		if err := json.Unmarshal(r.Raw, &tmpl); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(refIDs(t, tmpl.Event.PrevEvents), []string{msg.EventID()}) {
+			t.Fatalf("make_leave template prev_events %v, want bob's message", refIDs(t, tmpl.Event.PrevEvents))
+		}
+		leave, err := gomatrixserverlib.MustGetRoomVersion(v).NewEventBuilderFromProtoEvent(&tmpl.Event).Build(time.Now(), spec.ServerName(p.Name), p.KeyID, p.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path = "/_matrix/federation/v2/send_leave/" + url.PathEscape(roomID) + "/" + url.PathEscape(leave.EventID())
+		if r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, path, json.RawMessage(leave.JSON()), "", nil)); r.Status != http.StatusOK {
+			t.Fatalf("send_leave: %d %s", r.Status, r.Raw)
+		}
+		if members := joinedMembers(t, n, alice, roomID); !equalStrings(members, alice.UserID) {
+			t.Fatalf("joined members after bob's leave %v", members)
 		}
 	})
 }
