@@ -295,7 +295,9 @@ func (p *gmslPeer) keep(ev gomatrixserverlib.PDU, before peerState, extremity bo
 func (p *gmslPeer) depthAfter(prev []string) int64 {
 	depth := int64(0)
 	for _, id := range prev {
-		depth = max(depth, p.events[id].Depth())
+		if ev := p.events[id]; ev != nil { // an event of another room: none
+			depth = max(depth, ev.Depth())
+		}
 	}
 	return depth + 1
 }

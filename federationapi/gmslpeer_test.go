@@ -774,6 +774,57 @@ func TestGmslPeerReceivesDaemonEvents(t *testing.T) {
 	})
 }
 
+// An event naming an event of another room as its prev_event: the
+// daemon must not take that room's state as the state before it. The
+// peer's creator is in both rooms (the peer's, and one of the daemon's),
+// so the other room's state would allow the event.
+func TestGmslPeerPrevEventOfAnotherRoom(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		p := joinedPeer(t, n, alice, v)
+		other := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{
+			"preset": "public_chat", "room_version": string(v), "name": "another room",
+		})["room_id"].(string)
+		res := peerJoinDaemonRoom(t, p, n, p.creator, other)
+		state := daemonState(t, n, alice, p.roomID)
+
+		for _, prev := range [][]string{{res.JoinEvent.EventID()}, {p.extremities()[0], res.JoinEvent.EventID()}} {
+			stray := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("astray"),
+				Prev: prev, AuthAt: p.extremities()[0], Unchecked: true, Detached: true})
+			if r := p.send(t, n, rawEvents(stray)...); !strings.Contains(r[stray.EventID()], "another room") {
+				t.Fatalf("prev_events %v: answer %v", prev, r)
+			}
+			if got := daemonState(t, n, alice, p.roomID); !maps.Equal(got, state) {
+				t.Fatalf("state changed from\n%v\nto\n%v", state, got)
+			}
+			if x := daemonTemplate(t, n, p, "dave"); slices.Contains(x, stray.EventID()) {
+				t.Fatalf("extremities %v", x)
+			}
+		}
+	})
+}
+
+// peerJoinDaemonRoom joins a user of the peer to a daemon's room with
+// gomatrixserverlib.PerformJoin.
+func peerJoinDaemonRoom(t *testing.T, p *gmslPeer, n *testutil.Node, userID, roomID string) *gomatrixserverlib.PerformJoinResponse {
+	t.Helper()
+	user, _ := spec.NewUserID(userID, true)
+	rid, _ := spec.NewRoomID(roomID)
+	res, ferr := gomatrixserverlib.PerformJoin(context.Background(), peerJoinClient{t, p, n}, gomatrixserverlib.PerformJoinInput{
+		UserID: user, RoomID: rid, ServerName: spec.ServerName(n.ServerName), PrivateKey: p.Key, KeyID: p.KeyID, KeyRing: p.keyRing,
+		EventProvider: func(gomatrixserverlib.RoomVersion, []string) ([]gomatrixserverlib.PDU, error) { return nil, nil },
+		UserIDQuerier: peerUserIDForSender,
+		GetOrCreateSenderID: func(_ context.Context, u spec.UserID, _ spec.RoomID, _ string) (spec.SenderID, ed25519.PrivateKey, error) {
+			return spec.SenderID(u.String()), p.Key, nil
+		},
+		StoreSenderIDFromPublicID: func(context.Context, spec.SenderID, string, spec.RoomID) error { return nil },
+	})
+	if ferr != nil {
+		t.Fatalf("join: %v", ferr.Err)
+	}
+	return res
+}
+
 // peerJoinClient is the peer's side of a join of a daemon's room, for
 // gomatrixserverlib.PerformJoin: make_join and v2 send_join to the node.
 type peerJoinClient struct {
@@ -821,19 +872,7 @@ func TestGmslPeerJoinsDaemonRoom(t *testing.T) {
 
 		p := newGmslPeer(t, v)
 		bob, _ := spec.NewUserID(p.user("bob"), true)
-		rid, _ := spec.NewRoomID(roomID)
-		res, ferr := gomatrixserverlib.PerformJoin(context.Background(), peerJoinClient{t, p, n}, gomatrixserverlib.PerformJoinInput{
-			UserID: bob, RoomID: rid, ServerName: spec.ServerName(n.ServerName), PrivateKey: p.Key, KeyID: p.KeyID, KeyRing: p.keyRing,
-			EventProvider: func(gomatrixserverlib.RoomVersion, []string) ([]gomatrixserverlib.PDU, error) { return nil, nil },
-			UserIDQuerier: peerUserIDForSender,
-			GetOrCreateSenderID: func(_ context.Context, u spec.UserID, _ spec.RoomID, _ string) (spec.SenderID, ed25519.PrivateKey, error) {
-				return spec.SenderID(u.String()), p.Key, nil
-			},
-			StoreSenderIDFromPublicID: func(context.Context, spec.SenderID, string, spec.RoomID) error { return nil },
-		})
-		if ferr != nil {
-			t.Fatalf("join: %v", ferr.Err)
-		}
+		res := peerJoinDaemonRoom(t, p, n, bob.String(), roomID)
 		if res.JoinEvent.Version() != v {
 			t.Fatalf("joined a room of version %s", res.JoinEvent.Version())
 		}

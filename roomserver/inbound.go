@@ -406,13 +406,13 @@ func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixser
 	if err != nil {
 		return priorState{}, err
 	}
-	placed, err := s.placedAmong(ctx, prevs)
+	placed, err := s.placedAmong(ctx, ev.RoomID().String(), prevs)
 	if err != nil {
 		return priorState{}, err
 	}
 	if len(placed) < len(prevs) && fill && s.opts.Remote != nil {
 		s.fillGap(ctx, origin, ev, budget)
-		if placed, err = s.placedAmong(ctx, prevs); err != nil {
+		if placed, err = s.placedAmong(ctx, ev.RoomID().String(), prevs); err != nil {
 			return priorState{}, err
 		}
 	}
@@ -521,14 +521,18 @@ func (s *Service) statePrevs(ctx context.Context, prevs []string) ([]string, err
 }
 
 // placedAmong returns the IDs among ids of events placed in a room (not
-// outliers, not rejected).
-func (s *Service) placedAmong(ctx context.Context, ids []string) ([]string, error) {
+// outliers, not rejected). An event of another room among them rejects
+// the event they are the prev_events of.
+func (s *Service) placedAmong(ctx context.Context, roomID string, ids []string) ([]string, error) {
 	stored, err := s.db.RoomEventsByID(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, e := range stored {
+		if e.RoomID != roomID {
+			return nil, errRejected{"prev_event " + e.EventID + " is of another room"}
+		}
 		if !e.Outlier && !e.Rejected {
 			out = append(out, e.EventID)
 		}
