@@ -44,6 +44,9 @@ type Options struct {
 	// OnAuthenticated is told of every server that made an authenticated
 	// request: it is up, which ends any backoff towards it.
 	OnAuthenticated func(origin string)
+	// Rooms serves the room reads (events, state, backfill, aliases);
+	// nil: not served.
+	Rooms           Rooms
 	MaxRequestBytes int64
 	// Membership answers the membership handshakes; nil: none.
 	Membership RoomMembership
@@ -98,6 +101,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.Handle("/_matrix/federation/v1/user/devices/{userId}", a.authed(a.userDevices)).Methods(http.MethodGet)
 	r.Handle("/_matrix/federation/v1/send/{txnId}", a.authed(a.send)).Methods(http.MethodPut)
 	a.membershipRoutes(r)
+	a.roomRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 

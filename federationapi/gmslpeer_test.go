@@ -47,7 +47,7 @@ func TestGmslPeerJoin(t *testing.T) {
 		p := newGmslPeer(t, v)
 		joinPeerRoom(t, n, alice, p)
 
-		if got := joinedMembers(t, n, alice, p.roomID); !equalStrings(got, sorted(alice.UserID, p.creator)...) {
+		if got := joinedMembers(t, n, alice, p.roomID); !equalStrings(got, sorted([]string{alice.UserID, p.creator})...) {
 			t.Fatalf("joined members %v", got)
 		}
 		if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
@@ -70,11 +70,6 @@ func TestGmslPeerJoin(t *testing.T) {
 			t.Fatalf("join %s not built on the template %+v", join.JSON(), tmpl)
 		}
 	})
-}
-
-func sorted(s ...string) []string {
-	slices.Sort(s)
-	return s
 }
 
 // joinedPeer is a peer whose room u on n has joined.
@@ -553,7 +548,7 @@ func TestGmslPeerInbound(t *testing.T) {
 			if got["m.room.name|"] != name.EventID() || got["m.room.topic|"] != topic.EventID() || len(got) != len(fork)+2 {
 				t.Fatalf("state with two extremities %v", got)
 			}
-			if x := daemonTemplate(t, n, p, "dave"); !equalStrings(sorted(x...), sorted(name.EventID(), topic.EventID())...) {
+			if x := daemonTemplate(t, n, p, "dave"); !slices.Equal(sorted(x), sorted([]string{name.EventID(), topic.EventID()})) {
 				t.Fatalf("extremities %v", x)
 			}
 			merge := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("both")})
@@ -704,7 +699,7 @@ func TestGmslPeerJoinRoomVersions(t *testing.T) {
 	available := slices.Sorted(maps.Keys(caps["capabilities"].(map[string]any)["m.room_versions"].(map[string]any)["available"].(map[string]any)))
 
 	p := joinedPeer(t, n, alice, gomatrixserverlib.RoomVersionV10)
-	if offered := p.offeredVersions(); len(offered) != 1 || !slices.Equal(sorted(offered[0]...), available) {
+	if offered := p.offeredVersions(); len(offered) != 1 || !slices.Equal(sorted(offered[0]), available) {
 		t.Fatalf("make_join offered %v, /capabilities has %v", offered, available)
 	}
 
@@ -883,7 +878,7 @@ func TestGmslPeerJoinsDaemonRoom(t *testing.T) {
 		if !maps.Equal(got, before) {
 			t.Fatalf("send_join's state\n%v\nthe daemon's before the join\n%v", got, before)
 		}
-		if members := joinedMembers(t, n, alice, roomID); !equalStrings(members, sorted(alice.UserID, bob.String())...) {
+		if members := joinedMembers(t, n, alice, roomID); !equalStrings(members, sorted([]string{alice.UserID, bob.String()})...) {
 			t.Fatalf("joined members %v", members)
 		}
 		if st := daemonState(t, n, alice, roomID); st["m.room.member|"+bob.String()] != res.JoinEvent.EventID() {
@@ -1004,7 +999,7 @@ func peerInvite(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion,
 		return
 	}
 	n.Must(t, "POST", rpath(p.roomID, "/join"), alice.Token, map[string]any{})
-	if got := joinedMembers(t, n, alice, p.roomID); !equalStrings(got, sorted(alice.UserID, p.creator)...) {
+	if got := joinedMembers(t, n, alice, p.roomID); !equalStrings(got, sorted([]string{alice.UserID, p.creator})...) {
 		t.Fatalf("joined members %v", got)
 	}
 	if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {

@@ -1,6 +1,7 @@
 package federationapi_test
 
 import (
+	"context"
 	"net/url"
 	"sort"
 	"testing"
@@ -144,5 +145,59 @@ func TestRemoteInviteAndJoin(t *testing.T) {
 		if got := deviceIDs(t, p.a, p.alice, p.bob.UserID); !sameSet(got, "BOB1", "BOB2") {
 			t.Fatalf("A serves bob's devices %v", got)
 		}
+
+		// bob leaves: alice's sync has him in left, not in changed; A
+		// stops caching his list, so a query right after is fresh.
+		_, aliceSince, _ = syncChanged(t, p.a, p.alice, aliceSince)
+		p.b.Must(t, "POST", rpath(roomID, "/leave"), p.bob.Token, map[string]any{})
+		var left []any
+		eventually(t, "A to learn of bob's leave", func() bool {
+			r := p.a.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0&since="+url.QueryEscape(aliceSince), p.alice.Token, nil)
+			dl, _ := r["device_lists"].(map[string]any)
+			left = asList(dl["left"])
+			if len(left) > 0 {
+				if changed := asList(dl["changed"]); len(changed) != 0 {
+					t.Fatalf("alice's changed with bob's leave: %v", changed)
+				}
+				aliceSince = r["next_batch"].(string)
+			}
+			return len(left) > 0
+		})
+		if len(left) != 1 || left[0] != p.bob.UserID {
+			t.Fatalf("alice's left %v", left)
+		}
+		if got := joinedMembers(t, p.a, p.alice, roomID); !equalStrings(got, p.alice.UserID) {
+			t.Fatalf("A's joined members after the leave %v", got)
+		}
+		if lists, err := p.a.Store.RemoteDeviceLists(context.Background(), []string{p.bob.UserID}); err != nil || lists[p.bob.UserID] != nil {
+			t.Fatalf("A still caches bob's list after he left: %v %v", lists, err)
+		}
+		third := p.b.Login(t, p.bob, "BOB3")
+		p.b.Upload(t, third, map[string]any{"device_keys": third.DeviceKeys(t)})
+		if got := deviceIDs(t, p.a, p.alice, p.bob.UserID); !sameSet(got, "BOB1", "BOB2", "BOB3") {
+			t.Fatalf("a query after the leave serves %v, not bob's devices now", got)
+		}
+
+		// Re-invited, bob rejoins through A (B is no longer in the room).
+		p.a.Must(t, "POST", rpath(roomID, "/invite"), p.alice.Token, map[string]any{"user_id": p.bob.UserID})
+		p.b.Must(t, "POST", rpath(roomID, "/join"), p.bob.Token, map[string]any{})
+		for _, n := range []*testutil.Node{p.a, p.b} {
+			u := p.alice
+			if n == p.b {
+				u = p.bob
+			}
+			if got := joinedMembers(t, n, u, roomID); !equalStrings(got, p.alice.UserID, p.bob.UserID) {
+				t.Fatalf("%s's joined members after the rejoin %v", n.ServerName, got)
+			}
+		}
+		changed, _, _ = syncChanged(t, p.a, p.alice, aliceSince)
+		if !equalStrings(changed, p.bob.UserID) {
+			t.Fatalf("alice's changed after the rejoin %v, want [bob]", changed)
+		}
+		// And messages flow both ways again.
+		msg := p.a.Must(t, "PUT", rpath(roomID, "/send/m.room.message/m1"), p.alice.Token, map[string]any{"body": "welcome back", "msgtype": "m.text"})["event_id"].(string)
+		eventually(t, "bob to receive alice's message", func() bool {
+			return p.b.Do(t, "GET", rpath(roomID, "/event/"+url.PathEscape(msg)), p.bob.Token, nil).Status == 200
+		})
 	})
 }

@@ -3,14 +3,18 @@ package roomserver
 import (
 	"context"
 	"errors"
+	"net/http"
+	"slices"
 	"strings"
+
+	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
 
-// Room aliases of this server. Aliases of other servers are resolved over
-// federation (/query/directory), to come.
+// Room aliases: those of this server are in the database, those of
+// other servers are asked of them (/query/directory).
 
 // checkAlias checks an alias' syntax and returns its server.
 func checkAlias(alias string) (string, error) {
@@ -21,26 +25,63 @@ func checkAlias(alias string) (string, error) {
 	return server, nil
 }
 
-// resolveAliasServers resolves an alias to its room and the servers to
-// join it through.
-func (s *Service) resolveAliasServers(ctx context.Context, alias string) (string, []string, error) {
-	roomID, err := s.resolveAlias(ctx, alias)
-	return roomID, nil, err
-}
-
-func (s *Service) resolveAlias(ctx context.Context, alias string) (string, error) {
+// resolveAlias returns the room an alias names and servers to reach it
+// through (to join it): for our aliases, this server first, then the
+// other servers with joined members; for other servers' aliases, their
+// answer, asked at once.
+func (s *Service) resolveAlias(ctx context.Context, alias string) (roomID string, servers []string, err error) {
 	server, err := checkAlias(alias)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if server != s.opts.ServerName {
-		return "", mxerr.NotFound("aliases of other servers cannot be resolved yet")
+		return s.resolveRemoteAlias(ctx, server, alias)
 	}
 	a, err := s.db.RoomAlias(ctx, alias)
 	if errors.Is(err, storage.ErrNotFound) {
-		return "", mxerr.NotFound("unknown room alias %s", alias)
+		return "", nil, mxerr.NotFound("unknown room alias %s", alias)
+	} else if err != nil {
+		return "", nil, err
 	}
-	return a.RoomID, err
+	servers, err = s.roomServers(ctx, a.RoomID)
+	if err != nil {
+		return "", nil, err
+	}
+	return a.RoomID, servers, nil
+}
+
+// roomServers lists this server, then the other servers with joined
+// members in a room's current state, sorted.
+func (s *Service) roomServers(ctx context.Context, roomID string) ([]string, error) {
+	joined, err := s.joinedServers(ctx, roomID)
+	if err != nil {
+		return nil, err
+	}
+	joined = slices.DeleteFunc(joined, func(srv string) bool { return srv == s.opts.ServerName })
+	slices.Sort(joined)
+	return append([]string{s.opts.ServerName}, joined...), nil
+}
+
+// resolveRemoteAlias asks the alias' server.
+func (s *Service) resolveRemoteAlias(ctx context.Context, server, alias string) (string, []string, error) {
+	if s.opts.Federation == nil {
+		return "", nil, mxerr.NotFound("aliases of other servers cannot be resolved: federation is off")
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RemoteTimeout)
+	defer cancel()
+	roomID, servers, err := s.opts.Federation.LookupRoomAlias(ctx, server, alias)
+	if err != nil {
+		return "", nil, s.remoteFailure(server, err, "unknown room alias "+alias)
+	}
+	if _, err := spec.NewRoomID(roomID); err != nil {
+		return "", nil, mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "%s answered an invalid room ID", server)
+	}
+	// The alias' server is in its room: it is the one to try when the
+	// answer lists none.
+	if len(servers) == 0 {
+		servers = []string{server}
+	}
+	return roomID, servers, nil
 }
 
 // AliasResponse answers GET /directory/room/{roomAlias}.
@@ -49,13 +90,27 @@ type AliasResponse struct {
 	Servers []string `json:"servers"`
 }
 
-// ResolveAlias returns the room an alias names.
+// ResolveAlias returns the room an alias names (asking its server when it
+// is another's).
 func (s *Service) ResolveAlias(ctx context.Context, alias string) (AliasResponse, error) {
-	roomID, err := s.resolveAlias(ctx, alias)
+	roomID, servers, err := s.resolveAlias(ctx, alias)
 	if err != nil {
 		return AliasResponse{}, err
 	}
-	return AliasResponse{RoomID: roomID, Servers: []string{s.opts.ServerName}}, nil
+	return AliasResponse{RoomID: roomID, Servers: servers}, nil
+}
+
+// FederationQueryAlias answers another server's /query/directory: only
+// for aliases of this server (404 M_NOT_FOUND for any other).
+func (s *Service) FederationQueryAlias(ctx context.Context, alias string) (AliasResponse, error) {
+	server, err := checkAlias(alias)
+	if err != nil {
+		return AliasResponse{}, err
+	}
+	if server != s.opts.ServerName {
+		return AliasResponse{}, mxerr.NotFound("%s is not an alias of this server", alias)
+	}
+	return s.ResolveAlias(ctx, alias)
 }
 
 // PutAlias creates an alias of a room on this server.

@@ -209,7 +209,7 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 	}
 	res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{
 		Create: &storage.Room{RoomID: roomID, RoomVersion: string(version), Creator: creator, Published: req.Visibility == "public"},
-		RoomID: roomID, Events: c.records, Alias: alias, Now: s.opts.Now().UnixMilli(),
+		RoomID: roomID, Events: c.records, Alias: alias, Federate: s.opts.Federated, Now: s.opts.Now().UnixMilli(),
 	})
 	if errors.Is(err, storage.ErrExists) {
 		return "", mxerr.New(400, "M_ROOM_IN_USE", "the alias %s is taken", alias)

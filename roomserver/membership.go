@@ -25,7 +25,7 @@ func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string
 	roomID := roomIDOrAlias
 	servers := slices.Clone(via)
 	if strings.HasPrefix(roomIDOrAlias, "#") {
-		a, aliasServers, err := s.resolveAliasServers(ctx, roomIDOrAlias)
+		a, aliasServers, err := s.resolveAlias(ctx, roomIDOrAlias)
 		if err != nil {
 			return "", err
 		}

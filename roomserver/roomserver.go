@@ -55,6 +55,20 @@
 // state and auth chain, fetched auth events and invites to rooms this
 // server is not in are outliers. Every event's room version is stored
 // beside it.
+//
+// Our own events are queued for the room's other servers in the
+// transaction that writes them (Options.Federated sets
+// storage.RoomWrite.Federate; table outbound_pdus, migration 16): for
+// every server with a joined member after the write, and for a membership
+// event also its target's server; an event another server hands us in a
+// join or leave we are resident for is sent on alike (RoomIngest.Federate,
+// skipping that server). The device-list sender delivers them with its
+// EDUs, up to 50 per transaction, surviving restarts.
+//
+// Other servers read events, the state before an event with its auth
+// chain, missing events and history (fedread.go, with the rule of who may
+// read), and resolve our aliases; aliases of other servers are asked of
+// them through Options.Federation (federation.go).
 package roomserver
 
 import (
@@ -96,8 +110,9 @@ type Store interface {
 }
 
 // MembershipSink is the device-list side's one view of rooms: told of
-// every committed room write, with the local users it concerns and the
-// remote users whose lists are now tracked (keyserver.Service).
+// every committed room write, with the local users it concerns, the
+// remote users whose lists are now tracked, and whether events were
+// queued for other servers (keyserver.Service, which owns the sender).
 type MembershipSink interface {
 	RoomWritten(res storage.RoomWriteResult)
 }
@@ -116,8 +131,18 @@ type Options struct {
 	// Handshakes join, invite and leave over federation; nil: rooms of
 	// other servers cannot be joined.
 	Handshakes Handshakes
-	Logger     logrus.FieldLogger
-	Now        func() time.Time
+	// Federation resolves aliases of other servers; nil: they are not
+	// resolved.
+	Federation Federation
+	// RemoteTimeout bounds a request to another server made while a
+	// client waits (default 10 s).
+	RemoteTimeout time.Duration
+	// Federated queues our events for the other servers in their rooms,
+	// in the transaction that writes them (storage.RoomWrite.Federate);
+	// the write's result says so (PDUsQueued), and Sink pokes the sender.
+	Federated bool
+	Logger    logrus.FieldLogger
+	Now       func() time.Time
 }
 
 // Service serves rooms.
@@ -134,6 +159,9 @@ func New(db Store, opts Options) *Service {
 	}
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
+	}
+	if opts.RemoteTimeout <= 0 {
+		opts.RemoteTimeout = defaultRemoteTimeout
 	}
 	return &Service{db: db, opts: opts}
 }
@@ -365,7 +393,8 @@ func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType strin
 			}
 			c.records[len(c.records)-1] = record(ev)
 		}
-		w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Events: c.records, Txn: txn, Now: s.opts.Now().UnixMilli()}
+		w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Events: c.records, Txn: txn, Federate: s.opts.Federated,
+			Now: s.opts.Now().UnixMilli()}
 		if red, err := s.redaction(ctx, ev); err != nil {
 			return nil, err
 		} else if red != nil {

@@ -1,6 +1,9 @@
 package storage
 
-import "errors"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // ErrRoomMoved is returned by a room write built on forward extremities
 // the room no longer has (another write came first): the caller builds
@@ -64,7 +67,10 @@ type RoomWrite struct {
 	Txn *RoomTxn
 	// Redactions replace events' JSON by their redacted form.
 	Redactions []RoomRedaction
-	Now        int64 // milliseconds
+	// Federate queues the events for the other servers in the room (our
+	// own events: every local write sets it), in the same transaction.
+	Federate bool
+	Now      int64 // milliseconds
 }
 
 // RoomRedaction is an event of a room redacted: its JSON from now on.
@@ -83,6 +89,18 @@ type RoomWriteResult struct {
 	Change
 	// NewlyStale are remote users whose device lists are now tracked.
 	NewlyStale []StaleUser
+	// PDUsQueued says events were queued for other servers: the sender
+	// has work.
+	PDUsQueued bool
+}
+
+// OutboundPDU is one of our events queued for another server; ID orders
+// the destination's queue.
+type OutboundPDU struct {
+	ID          int64
+	Destination string
+	EventID     string
+	JSON        json.RawMessage // the PDU as stored
 }
 
 // RoomMember is a user's current membership of a room, with the event
@@ -134,7 +152,8 @@ type RoomIngest struct {
 	CurrentState      []string
 	PutState          []string
 	// Federate sends Event on to the room's other servers but SkipServers
-	// (a join or leave this server was the resident for).
+	// (a join or leave this server was the resident for), as a local
+	// write's Federate does; not when it is rejected or soft-failed.
 	Federate    bool
 	SkipServers []string
 	// Redactions replace events' JSON by their redacted form.

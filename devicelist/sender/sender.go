@@ -1,5 +1,7 @@
 // Package sender sends the local users' device-list and cross-signing key
-// changes to the other servers that share a room with them.
+// changes to the other servers that share a room with them, and with them
+// the other queues of the same destinations: to-device messages and our
+// room events.
 package sender
 
 import (
@@ -34,13 +36,17 @@ import (
 // restart and nothing has to be saved at shutdown. Changes of a user's
 // master and self-signing keys are queued alike (one row per destination
 // and user) and come in the same batches, marked SigningKeys, to go out as
-// m.signing_key_update.
+// m.signing_key_update. Two more queues of the database share the
+// deliveries: to-device EDUs (EDUQueue), which fill a batch's EDUs after
+// the updates, and our room events (PDUQueue, table outbound_pdus, queued
+// for every server in the room in the transaction that writes them), up
+// to 50 PDUs beside the EDUs of each transaction.
 //
 // A fixed pool of workers sends. Destinations with pending updates wait
 // their turn in a first-in first-out list; a worker takes one, takes its
 // lease (so that of several daemons sharing the database one sends), and
-// sends one batch of at most 100 EDUs, oldest first, in a /send
-// transaction. A destination with more to send goes to the back of the
+// sends one batch of at most 50 PDUs and 100 EDUs, oldest first, in a
+// /send transaction. A destination with more to send goes to the back of the
 // list, so a busy destination never holds up the others. A batch keeps its
 // transaction ID until delivered, so a retry is processed once by the
 // receiver. A failed destination is set aside until its retry time (capped
@@ -89,6 +95,8 @@ type Options struct {
 	Jitter func(n int64) int64
 	// ToDevice is the queue of to-device EDUs sent along; nil: none.
 	ToDevice EDUQueue
+	// PDUs is the queue of our room events sent along; nil: none.
+	PDUs PDUQueue
 }
 
 // DefaultWorkers is the size of the pool when Options.Workers is not set.
@@ -148,6 +156,7 @@ type destination struct {
 	// far; nil when none is pending.
 	batch   []storage.OutboundUpdate
 	toDev   []storage.OutboundEDU
+	pdus    []storage.OutboundPDU
 	txn     fedclient.Transaction
 	txnID   string
 	attempt int
@@ -255,7 +264,11 @@ func (s *Sender) WakeAll(ctx context.Context) {
 	if err != nil {
 		s.dbError(ctx, s.o.Logger, err, "reading the outbound to-device queue")
 	}
-	for _, d := range append(dests, more...) {
+	rooms, err := s.pduDestinations(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the outbound PDU queue")
+	}
+	for _, d := range append(append(dests, more...), rooms...) {
 		s.wake(d, false)
 	}
 }
@@ -426,13 +439,19 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
 			return
 		}
-		if len(batch)+len(toDev) == 0 {
+		pdus, err := s.pendingPDUs(ctx, d.name, maxPDUsPerTransaction)
+		if err != nil {
+			s.dbError(ctx, log, err, "outbound PDU queue")
+			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+			return
+		}
+		if len(batch)+len(toDev)+len(pdus) == 0 {
 			s.finish(ctx, d, log)
 			return
 		}
-		d.batch, d.toDev, d.attempt = batch, toDev, 0
+		d.batch, d.toDev, d.pdus, d.attempt = batch, toDev, pdus, 0
 		d.txnID = strconv.FormatInt(s.txn.Add(1), 10)
-		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli()}
+		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli(), PDUs: pduJSON(pdus)}
 		for _, u := range batch {
 			d.txn.EDUs = append(d.txn.EDUs, s.edu(log, u))
 		}
@@ -449,6 +468,9 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if err == nil {
 			err = s.markToDeviceSent(ctx, d.name, d.toDev)
 		}
+		if err == nil {
+			err = s.markPDUsSent(ctx, d.name, d.pdus)
+		}
 		if err != nil {
 			// The batch is sent again, under the same transaction ID, so
 			// the receiver does not process it twice.
@@ -457,10 +479,10 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			return
 		}
 		if d.attempt >= 3 {
-			log.WithField("attempts", d.attempt+1).Info("device-list updates delivered after retries")
+			log.WithField("attempts", d.attempt+1).Info("transaction delivered after retries")
 		}
-		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction
-		d.batch, d.toDev, d.txn, d.txnID, d.attempt = nil, nil, fedclient.Transaction{}, "", 0
+		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction || len(d.pdus) == maxPDUsPerTransaction
+		d.batch, d.toDev, d.pdus, d.txn, d.txnID, d.attempt = nil, nil, nil, fedclient.Transaction{}, "", 0
 		if full {
 			s.requeue(d)
 		} else {
@@ -483,7 +505,7 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		metrics.OutboundFailures.Inc()
 	}
 	if d.attempt == 5 {
-		log.WithError(err).Warn("device-list updates cannot be delivered; retrying with backoff")
+		log.WithError(err).Warn("transaction cannot be delivered; retrying with backoff")
 	}
 	s.setAside(d, s.o.Clock.Now().Add(wait))
 }
@@ -509,6 +531,13 @@ func (s *Sender) finish(ctx context.Context, d *destination, log logrus.FieldLog
 		toDev, err = s.pendingToDevice(ctx, d.name, 1)
 		if len(toDev) > 0 {
 			pending = make([]storage.OutboundUpdate, 1) // something waits
+		}
+	}
+	if err == nil && len(pending) == 0 {
+		var pdus []storage.OutboundPDU
+		pdus, err = s.pendingPDUs(ctx, d.name, 1)
+		if len(pdus) > 0 {
+			pending = make([]storage.OutboundUpdate, 1)
 		}
 	}
 	switch {

@@ -242,6 +242,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	}
 	ko.Sender.Workers = cfg.Federation.SenderWorkers
 	ko.Sender.ToDevice = store
+	ko.Sender.PDUs = store
 	// The to-device service tells the domain of its changes, and the
 	// domain hands it the EDUs of other servers: d.ks is set below, before
 	// any request is served.
@@ -261,7 +262,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.ks = keyserver.New(store, ko)
 	keyRing := fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey())
 	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Logger: log})
+		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Federation: d.fed, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.ks.SetPDUReceiver(rooms)
 	d.client = &http.Server{
@@ -294,6 +295,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyRing:         keyRing,
 			Membership:      rooms,
 			OnAuthenticated: d.serverAlive,
+			Rooms:           rooms,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			RateLimit:       ratelimit.New(float64(cfg.Federation.RateLimitPerSecond), cfg.Federation.RateLimitBurst, nil),
 			Logger:          log,

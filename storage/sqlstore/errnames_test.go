@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/keyserver/keyserver/accountdata"
+	"github.com/keyserver/keyserver/devicelist/sender"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
@@ -43,6 +44,7 @@ func TestErrorsNameTheOperation(t *testing.T) {
 			reflect.TypeOf((*keybackup.Store)(nil)).Elem(),
 			reflect.TypeOf((*accountdata.Store)(nil)).Elem(),
 			reflect.TypeOf((*keyserver.AccountDataSource)(nil)).Elem(),
+			reflect.TypeOf((*sender.PDUQueue)(nil)).Elem(),
 		} {
 			for i := 0; i < iface.NumMethod(); i++ {
 				methods = append(methods, iface.Method(i).Name)

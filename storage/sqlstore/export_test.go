@@ -1,6 +1,10 @@
 package sqlstore
 
-import "context"
+import (
+	"context"
+
+	"github.com/keyserver/keyserver/storage"
+)
 
 // CachesOn reports whether the token and device caches are on, so that
 // tests can wait for a store's listener before relying on them.
@@ -22,3 +26,13 @@ func OpenAtSchema(ctx context.Context, uri string, v int) (*Store, error) {
 // MigrationCount is the number of migrations, which differs from
 // SchemaVersion when version numbers skip some.
 func MigrationCount() int { return len(migrations) }
+
+// QueueRoomPDUs runs txQueueRoomPDUs in a transaction of its own, as a
+// write of events received from another server will.
+func (s *Store) QueueRoomPDUs(ctx context.Context, roomID string, events []storage.RoomEvent, skip []string) (queued bool, err error) {
+	err = s.write(ctx, func(tx *txn) error {
+		queued, err = s.txQueueRoomPDUs(ctx, tx, roomID, events, skip)
+		return err
+	})
+	return queued, err
+}

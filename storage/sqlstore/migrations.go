@@ -509,6 +509,22 @@ UPDATE room_events SET state_after = COALESCE(
 	(SELECT r.state_snapshot FROM rooms r WHERE r.room_id = room_events.room_id))
 WHERE state_key IS NOT NULL AND state_before IS NOT NULL;
 `},
+	{16, "outbound PDUs", `
+-- our room events waiting to be sent to other servers, per destination in
+-- the order queued (id); the device-list sender delivers them with its
+-- EDUs. A row names the event by its nid in room_events rather than
+-- holding a copy of the PDU: one event usually goes to several servers,
+-- so its JSON is kept once, and read when its transaction is built (an
+-- event redacted meanwhile goes out redacted). A row goes when its
+-- transaction is delivered; an event is queued once per destination.
+CREATE TABLE outbound_pdus (
+	id          {{ID}},
+	destination {{TEXT}} NOT NULL,
+	event_nid   {{BIGINT}} NOT NULL,
+	UNIQUE (destination, event_nid)
+);
+CREATE INDEX outbound_pdus_destination ON outbound_pdus (destination, id);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

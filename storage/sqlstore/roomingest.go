@@ -14,7 +14,8 @@ import (
 // room's current state moves from one snapshot to another; the keys that
 // changed are applied to room_current_state, and each member whose
 // membership changed is passed to the device-list side
-// (txSetMembership), as a local write does.
+// (txSetMembership), as a local write does. With Federate, Event is
+// queued for the room's other servers but SkipServers (txQueueRoomPDUs).
 func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ storage.RoomWriteResult, err error) {
 	defer named("IngestRoomEvents", &err)
 	var res storage.RoomWriteResult
@@ -92,6 +93,13 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2 WHERE room_id = $3`, next, depth, in.RoomID); err != nil {
 			return err
+		}
+		// Sent on after the room's state moved, so a join it brings makes
+		// its server a destination. A rejected or soft-failed event is not.
+		if ev := in.Event; in.Federate && ev != nil && !ev.Rejected && !ev.SoftFailed {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, in.RoomID, []storage.RoomEvent{*ev}, in.SkipServers); err != nil {
+				return err
+			}
 		}
 		members, err := s.txUserList(ctx, tx, `SELECT state_key FROM room_current_state
 			WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite') AND state_key LIKE $2`,

@@ -19,7 +19,8 @@ import (
 // extremities (the last event), and, for each membership event, the
 // membership the device-list side reads (storage.SetMembership's own
 // transaction body), so that who shares a room with whom changes with the
-// event. The change concerns the room's local members.
+// event, and, with Federate, the events queued for the room's other
+// servers (txQueueRoomPDUs). The change concerns the room's local members.
 func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ storage.RoomWriteResult, err error) {
 	defer named("WriteRoomEvents", &err)
 	var res storage.RoomWriteResult
@@ -94,6 +95,11 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 			return err
 		}
 		tx.concern(members...)
+		if w.Federate {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, w.RoomID, w.Events, nil); err != nil {
+				return err
+			}
+		}
 		if err := txRedact(ctx, tx, w.Redactions); err != nil {
 			return err
 		}
@@ -216,18 +222,36 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// Room returns a room's record, or storage.ErrNotFound.
+// Room returns a room's record, or storage.ErrNotFound. One statement
+// reads it with its extremities, so that both come from one moment: an
+// event built on them gets the depth that goes with them.
 func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err error) {
 	defer named("Room", &err)
-	r := storage.Room{RoomID: roomID}
-	var published int
-	if err := s.q.QueryRowContext(ctx, `SELECT room_version, creator, published, depth FROM rooms WHERE room_id = $1`, roomID).
-		Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth); err != nil {
-		return r, notFound(err)
+	rows, err := s.q.QueryContext(ctx, `SELECT r.room_version, r.creator, r.published, r.depth, x.event_id
+		FROM rooms r LEFT JOIN room_extremities x ON x.room_id = r.room_id WHERE r.room_id = $1`, roomID)
+	if err != nil {
+		return storage.Room{}, err
 	}
-	r.Published = published != 0
-	if r.Extremities, err = s.userList(ctx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, roomID); err != nil {
+	defer rows.Close()
+	r := storage.Room{RoomID: roomID}
+	found := false
+	for rows.Next() {
+		var published int
+		var extremity sql.NullString
+		if err := rows.Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth, &extremity); err != nil {
+			return r, err
+		}
+		found = true
+		r.Published = published != 0
+		if extremity.Valid {
+			r.Extremities = append(r.Extremities, extremity.String)
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return r, err
+	}
+	if !found {
+		return r, storage.ErrNotFound
 	}
 	return r, nil
 }
