@@ -47,14 +47,14 @@ func (c *Client) StateIDs(ctx context.Context, dest, roomID, eventID string) (st
 }
 
 // MakeJoin asks a resident server for a join event template, offering
-// every room version this server supports (GET /make_join).
-func (c *Client) MakeJoin(ctx context.Context, _, dest spec.ServerName, roomID, userID string) (gomatrixserverlib.MakeJoinResponse, error) {
+// the room versions versions (GET /make_join).
+func (c *Client) MakeJoin(ctx context.Context, dest, roomID, userID string, versions []string) (gomatrixserverlib.MakeJoinResponse, error) {
 	q := url.Values{}
-	for v := range gomatrixserverlib.RoomVersions() {
-		q.Add("ver", string(v))
+	for _, v := range versions {
+		q.Add("ver", v)
 	}
 	var out fclient.RespMakeJoin
-	err := c.Do(ctx, "GET", string(dest), "/_matrix/federation/v1/make_join/"+url.PathEscape(roomID)+"/"+url.PathEscape(userID)+"?"+q.Encode(), nil, &out)
+	err := c.Do(ctx, "GET", dest, "/_matrix/federation/v1/make_join/"+url.PathEscape(roomID)+"/"+url.PathEscape(userID)+"?"+q.Encode(), nil, &out)
 	if err == nil && out.RoomVersion == "" {
 		out.RoomVersion = gomatrixserverlib.RoomVersionV1 // servers that predate versions
 	}

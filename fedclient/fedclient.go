@@ -161,6 +161,19 @@ func PublicMessage(err error) string {
 	}
 }
 
+// liveKey marks a context whose requests go to a destination known to be
+// up (WithLive).
+type liveKey struct{}
+
+// WithLive returns a context whose requests to dest are sent even while
+// dest backs off (their failures still count): for work done while dest
+// is making a request to us, such as fetching what its transaction
+// refers to, which the failure of one of its endpoints a moment earlier
+// must not stop.
+func WithLive(ctx context.Context, dest string) context.Context {
+	return context.WithValue(ctx, liveKey{}, dest)
+}
+
 // acquire takes a request slot for dest, or refuses while it backs off.
 func (c *Client) acquire(ctx context.Context, dest string) (*destination, error) {
 	c.mu.Lock()
@@ -169,7 +182,7 @@ func (c *Client) acquire(ctx context.Context, dest string) (*destination, error)
 		d = &destination{slots: make(chan struct{}, c.opts.MaxInFlight)}
 		c.dests[dest] = d
 	}
-	if now := c.opts.Now(); now.Before(d.retryAt) {
+	if now := c.opts.Now(); now.Before(d.retryAt) && ctx.Value(liveKey{}) != dest {
 		until := d.retryAt
 		c.mu.Unlock()
 		return nil, &BackoffError{Destination: dest, Until: until}

@@ -121,10 +121,14 @@ func TestBackoff(t *testing.T) {
 			t.Fatalf("attempt %d: backoff %v after %v", i, wait, last)
 		}
 		last = wait
-		// While backing off, nothing is sent.
+		// While backing off, nothing is sent, but for a destination
+		// known to be up (WithLive), whose failures still count.
 		var be *BackoffError
 		if err := do(); !errors.As(err, &be) {
 			t.Fatalf("request sent while backing off: %v", err)
+		}
+		if err := c.Do(WithLive(context.Background(), "elsewhere.test"), "GET", dest, "/x", nil, nil); !errors.As(err, &be) {
+			t.Fatalf("request sent while backing off, live elsewhere: %v", err)
 		}
 		clk.Advance(wait + time.Millisecond)
 	}
@@ -152,6 +156,18 @@ func TestBackoff(t *testing.T) {
 	}
 	if !c.Backoff(dest).IsZero() {
 		t.Fatal("a 404 started a backoff")
+	}
+
+	// A live destination is sent to while backing off; its failure
+	// backs it off further.
+	status.Store(500)
+	_ = do()
+	before, n := c.Backoff(dest), calls.Load()
+	if err := c.Do(WithLive(context.Background(), dest), "GET", dest, "/x", nil, nil); Status(err) != 500 || calls.Load() != n+1 {
+		t.Fatalf("request to a live destination: %v", err)
+	}
+	if after := c.Backoff(dest); !after.After(before) {
+		t.Fatalf("a live destination's failure did not count: backoff until %v, then %v", before, after)
 	}
 }
 

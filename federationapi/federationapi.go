@@ -20,6 +20,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
@@ -147,6 +148,9 @@ func (a *api) authed(h handler) http.Handler {
 			httpx.LimitExceeded(w, r, wait)
 			return
 		}
+		// origin is up: what the request makes us ask of it is asked even
+		// if one of its endpoints failed a moment ago.
+		r = r.WithContext(fedclient.WithLive(r.Context(), origin))
 		out, err := h(request{Request: r, origin: origin, content: fr.Content()})
 		if err != nil {
 			httpx.Error(w, r, err)

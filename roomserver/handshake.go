@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -25,10 +26,30 @@ import (
 
 // Handshakes is what the handshakes ask of other servers.
 type Handshakes interface {
-	gomatrixserverlib.FederatedJoinClient
+	// MakeJoin asks for a join template, offering the room versions
+	// versions.
+	MakeJoin(ctx context.Context, dest, roomID, userID string, versions []string) (gomatrixserverlib.MakeJoinResponse, error)
+	SendJoin(ctx context.Context, origin, dest spec.ServerName, event gomatrixserverlib.PDU) (gomatrixserverlib.SendJoinResponse, error)
 	SendInvite(ctx context.Context, dest string, event gomatrixserverlib.PDU, strippedState []json.RawMessage) (json.RawMessage, error)
 	MakeLeave(ctx context.Context, dest, roomID, userID string) (gomatrixserverlib.ProtoEvent, gomatrixserverlib.RoomVersion, error)
 	SendLeave(ctx context.Context, dest string, event gomatrixserverlib.PDU) error
+}
+
+// joinClient is the join handshake as gomatrixserverlib.PerformJoin
+// runs it: make_join offers the room versions this server supports, and
+// a template in any other is refused before the join is sent.
+type joinClient struct{ Handshakes }
+
+func (c joinClient) MakeJoin(ctx context.Context, _, dest spec.ServerName, roomID, userID string) (gomatrixserverlib.MakeJoinResponse, error) {
+	supported := RoomVersions()
+	res, err := c.Handshakes.MakeJoin(ctx, string(dest), roomID, userID, slices.Sorted(maps.Keys(supported)))
+	if err != nil {
+		return nil, err
+	}
+	if v := string(res.GetRoomVersion()); supported[v] == "" {
+		return nil, spec.IncompatibleRoomVersion(v)
+	}
+	return res, nil
 }
 
 // fromSpec turns gomatrixserverlib's Matrix errors into ours.
@@ -508,7 +529,7 @@ func (s *Service) joinRemote(ctx context.Context, userID, roomID string, servers
 			continue
 		}
 		tried++
-		res, ferr := gomatrixserverlib.PerformJoin(ctx, s.opts.Handshakes, gomatrixserverlib.PerformJoinInput{
+		res, ferr := gomatrixserverlib.PerformJoin(ctx, joinClient{s.opts.Handshakes}, gomatrixserverlib.PerformJoinInput{
 			UserID: user, RoomID: rid, ServerName: spec.ServerName(server), Content: content,
 			PrivateKey: s.opts.PrivateKey, KeyID: s.opts.KeyID, KeyRing: s.opts.KeyRing,
 			EventProvider: func(_ gomatrixserverlib.RoomVersion, ids []string) ([]gomatrixserverlib.PDU, error) {
@@ -544,6 +565,10 @@ func (s *Service) joinRemote(ctx context.Context, userID, roomID string, servers
 // through: their refusals as they gave them, else 502 (504 when they did
 // not answer in time).
 func remoteJoinError(ctx context.Context, err error) error {
+	var irv spec.IncompatibleRoomVersionError
+	if errors.As(err, &irv) {
+		return fromSpec(irv) // a room this server cannot join
+	}
 	var status statusError
 	if errors.As(err, &status) {
 		switch status.StatusCode() {

@@ -47,7 +47,23 @@ const (
 	maxFetched = 500
 	// missingEventsLimit is the limit of one /get_missing_events.
 	missingEventsLimit = 20
+	// maxPrevEvents and maxAuthEvents bound a PDU's references (the
+	// spec's limits).
+	maxPrevEvents = 20
+	maxAuthEvents = 10
 )
+
+// checkReferences refuses an event with more prev_events or auth_events
+// than a PDU may have, before anything is fetched for it.
+func checkReferences(ev gomatrixserverlib.PDU) error {
+	if n := len(ev.PrevEventIDs()); n > maxPrevEvents {
+		return fmt.Errorf("invalid event: %d prev_events, at most %d", n, maxPrevEvents)
+	}
+	if n := len(ev.AuthEventIDs()); n > maxAuthEvents {
+		return fmt.Errorf("invalid event: %d auth_events, at most %d", n, maxAuthEvents)
+	}
+	return nil
+}
 
 // errRejected marks an event that failed the auth rules.
 type errRejected struct{ reason string }
@@ -113,6 +129,11 @@ func (s *Service) receivePDU(ctx context.Context, origin string, raw json.RawMes
 	if err != nil {
 		return fallbackID(raw), fmt.Errorf("invalid event: %v", err)
 	}
+	if len(room.Extremities) == 0 {
+		// Known from an invite (or its rejection) only: nothing of the
+		// room is placed here, and nothing is until a join.
+		return ev.EventID(), errors.New("this server is not in the room")
+	}
 	defer s.lock(head.RoomID)()
 	budget := maxFetched
 	return ev.EventID(), s.receive(ctx, origin, ev, &budget, true)
@@ -135,6 +156,9 @@ func (s *Service) receiveAs(ctx context.Context, origin string, ev gomatrixserve
 			return errRejected{"rejected before"}
 		}
 		return nil // a duplicate
+	}
+	if err := checkReferences(ev); err != nil {
+		return err
 	}
 	if err := gomatrixserverlib.VerifyEventSignatures(ctx, ev, s.opts.KeyRing, userIDForSender); err != nil {
 		return fmt.Errorf("bad signature: %v", err)
@@ -253,6 +277,9 @@ func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomat
 	}
 	if ev.EventID() != id {
 		return storage.RoomEvent{}, fmt.Errorf("asked for event %s, got %s", id, ev.EventID())
+	}
+	if err := checkReferences(ev); err != nil {
+		return storage.RoomEvent{}, fmt.Errorf("fetched event %s: %v", id, err)
 	}
 	if err := gomatrixserverlib.VerifyEventSignatures(ctx, ev, s.opts.KeyRing, userIDForSender); err != nil {
 		return storage.RoomEvent{}, fmt.Errorf("fetched event %s: bad signature: %v", id, err)
@@ -375,14 +402,17 @@ type priorState struct {
 // stateBefore decides the state before an event from its prev_events,
 // fetching what is missing.
 func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int, fill bool) (priorState, error) {
-	prevs := ev.PrevEventIDs()
-	placed, err := s.placedAmong(ctx, prevs)
+	prevs, err := s.statePrevs(ctx, ev.PrevEventIDs())
+	if err != nil {
+		return priorState{}, err
+	}
+	placed, err := s.placedAmong(ctx, ev.RoomID().String(), prevs)
 	if err != nil {
 		return priorState{}, err
 	}
 	if len(placed) < len(prevs) && fill && s.opts.Remote != nil {
 		s.fillGap(ctx, origin, ev, budget)
-		if placed, err = s.placedAmong(ctx, prevs); err != nil {
+		if placed, err = s.placedAmong(ctx, ev.RoomID().String(), prevs); err != nil {
 			return priorState{}, err
 		}
 	}
@@ -444,15 +474,65 @@ func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixser
 	return priorState{ids: eventIDs(evs), events: evs}, nil
 }
 
+// maxRejectedHops bounds the rejected events walked through by
+// statePrevs; a longer chain is a gap.
+const maxRejectedHops = 10
+
+// statePrevs returns the events whose states make the state before an
+// event: its prev_events, a rejected one replaced by its own prev_events.
+// A rejected event changes no state: the state after it is the state
+// before it, never one the event is part of (which the state of its
+// sender, from /state_ids, would be).
+func (s *Service) statePrevs(ctx context.Context, prevs []string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	todo := prevs
+	for hop := 0; len(todo) > 0; hop++ {
+		stored, err := s.db.RoomEventsByID(ctx, todo)
+		if err != nil {
+			return nil, err
+		}
+		rejected := map[string]storage.RoomEvent{}
+		for _, e := range stored {
+			if e.Rejected {
+				rejected[e.EventID] = e
+			}
+		}
+		var next []string
+		for _, id := range todo {
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			r, ok := rejected[id]
+			if !ok || hop == maxRejectedHops {
+				out = append(out, id)
+				continue
+			}
+			p, err := pdu(r)
+			if err != nil {
+				return nil, err
+			}
+			next = append(next, p.PrevEventIDs()...)
+		}
+		todo = next
+	}
+	return out, nil
+}
+
 // placedAmong returns the IDs among ids of events placed in a room (not
-// outliers, not rejected).
-func (s *Service) placedAmong(ctx context.Context, ids []string) ([]string, error) {
+// outliers, not rejected). An event of another room among them rejects
+// the event they are the prev_events of.
+func (s *Service) placedAmong(ctx context.Context, roomID string, ids []string) ([]string, error) {
 	stored, err := s.db.RoomEventsByID(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, e := range stored {
+		if e.RoomID != roomID {
+			return nil, errRejected{"prev_event " + e.EventID + " is of another room"}
+		}
 		if !e.Outlier && !e.Rejected {
 			out = append(out, e.EventID)
 		}
@@ -462,14 +542,21 @@ func (s *Service) placedAmong(ctx context.Context, ids []string) ([]string, erro
 
 // fillGap asks origin for the events between the room's extremities and
 // ev, and receives them oldest first (without filling their own gaps:
-// each is then placed on the state its sender gives).
+// each is then placed on the state its sender gives). Events older than
+// this server's history of the room (a branch from before its join) are
+// not asked for, and not taken when sent anyway: they would enter the
+// timeline as new.
 func (s *Service) fillGap(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int) {
 	room, err := s.db.Room(ctx, ev.RoomID().String())
 	if err != nil {
 		return
 	}
+	minDepth, err := s.db.RoomMinDepth(ctx, ev.RoomID().String())
+	if err != nil {
+		return
+	}
 	raws, err := s.opts.Remote.MissingEvents(ctx, origin, ev.RoomID().String(), room.Extremities, []string{ev.EventID()},
-		missingEventsLimit, 0)
+		missingEventsLimit, minDepth)
 	if err != nil {
 		s.opts.Logger.WithError(err).WithField("origin", origin).Debug("get_missing_events failed")
 		return
@@ -482,7 +569,7 @@ func (s *Service) fillGap(ctx context.Context, origin string, ev gomatrixserverl
 		}
 		*budget--
 		e, err := impl.NewEventFromUntrustedJSON(raw)
-		if err != nil || e.RoomID().String() != ev.RoomID().String() || e.EventID() == ev.EventID() {
+		if err != nil || e.RoomID().String() != ev.RoomID().String() || e.EventID() == ev.EventID() || e.Depth() < minDepth {
 			continue
 		}
 		got = append(got, e)

@@ -96,6 +96,7 @@ type Store interface {
 	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
 	RoomEventsByID(ctx context.Context, ids []string) ([]storage.RoomEvent, error)
+	RoomMinDepth(ctx context.Context, roomID string) (int64, error)
 	RoomStateAfter(ctx context.Context, eventID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 	IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (storage.RoomWriteResult, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)

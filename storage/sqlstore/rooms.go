@@ -434,6 +434,17 @@ func (s *Store) RoomEventsByID(ctx context.Context, ids []string) (_ []storage.R
 	return out, nil
 }
 
+// RoomMinDepth returns the smallest depth of a room's placed events (not
+// outliers, not rejected): where this server's history of the room
+// starts. 0 when it has none.
+func (s *Store) RoomMinDepth(ctx context.Context, roomID string) (_ int64, err error) {
+	defer named("RoomMinDepth", &err)
+	var depth sql.NullInt64
+	err = s.q.QueryRowContext(ctx, `SELECT MIN(depth) FROM room_events WHERE room_id = $1 AND outlier = 0 AND rejected = 0`,
+		roomID).Scan(&depth)
+	return depth.Int64, err
+}
+
 // RoomMembership returns a user's current membership of a room ("" when
 // none).
 func (s *Store) RoomMembership(ctx context.Context, roomID, userID string) (_ string, err error) {

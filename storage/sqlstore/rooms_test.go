@@ -134,3 +134,43 @@ func TestRoomWrites(t *testing.T) {
 		}
 	})
 }
+
+// A room's history here starts at its first placed event: outliers
+// (the state and auth chain of a join) and rejected events are not part
+// of it.
+func TestRoomMinDepth(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		if d, err := s.RoomMinDepth(ctx, "!r:x"); err != nil || d != 0 {
+			t.Fatalf("unknown room: %d %v", d, err)
+		}
+		empty, a := "", "@a:x"
+		create := roomEvent("$create", "m.room.create", &empty, "", 1)
+		member := roomEvent("$member", "m.room.member", &a, "join", 2)
+		join := roomEvent("$join", "m.room.member", &a, "join", 5)
+		if _, err := s.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: "!r:x", Create: &storage.Room{RoomVersion: "10", Creator: a},
+			Outliers: []storage.RoomEvent{create, member}, Event: &join, StateBefore: []string{"$create", "$member"},
+			Extremities: []string{}, NewExtremities: []string{"$join"}, CurrentAfterEvent: true}); err != nil {
+			t.Fatal(err)
+		}
+		rejected := roomEvent("$rejected", "m.room.message", nil, "", 3)
+		rejected.Rejected = true
+		if _, err := s.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: "!r:x", Event: &rejected}); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := s.RoomMinDepth(ctx, "!r:x"); err != nil || d != 5 {
+			t.Fatalf("min depth %d %v, want 5", d, err)
+		}
+		msg := roomEvent("$msg", "m.room.message", nil, "", 4)
+		if _, err := s.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: "!r:x", Event: &msg, StateAfter: "$member"}); err == nil {
+			t.Fatal("placed on an outlier's state")
+		}
+		if _, err := s.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: "!r:x", Event: &msg, StateBefore: []string{"$create", "$member"}}); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := s.RoomMinDepth(ctx, "!r:x"); err != nil || d != 4 {
+			t.Fatalf("min depth %d %v, want 4", d, err)
+		}
+	})
+}
