@@ -31,7 +31,11 @@ func MigrationCount() int { return len(migrations) }
 // write of events received from another server will.
 func (s *Store) QueueRoomPDUs(ctx context.Context, roomID string, events []storage.RoomEvent, skip []string) (queued bool, err error) {
 	err = s.write(ctx, func(tx *txn) error {
-		queued, err = s.txQueueRoomPDUs(ctx, tx, roomID, events, skip)
+		members, err := s.txRoomMembers(ctx, tx, roomID, 0)
+		if err != nil {
+			return err
+		}
+		queued, err = s.txQueueRoomPDUs(ctx, tx, members, events, skip)
 		return err
 	})
 	return queued, err

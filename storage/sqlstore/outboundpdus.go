@@ -20,31 +20,25 @@ import (
 // being due, and a restart loses nothing.
 //
 // Each event goes to every server with a member whose membership is
-// "join" in the room's current state (as tx sees it), and an m.room.member
-// event but an invite also to the server of its state_key, so that a user
-// who left, was kicked or banned hears of it. Never to this server, nor to the
-// servers in skip (the origin of an event received from another server,
+// "join" among members (those of the room's current state in tx, from
+// txRoomMembers), and an m.room.member event but an invite also to the
+// server of its state_key, so that a user who left, was kicked or banned
+// hears of it. Never to this server, nor to the servers in skip (the origin of an event received from another server,
 // which has it already). events must be stored in room_events (in tx or
 // before); each destination's queue takes them in the order given. An
 // event already queued for a destination is not queued twice. It reports
 // whether anything was queued: the caller pokes the sender after the
 // commit (storage.RoomWriteResult.PDUsQueued).
-func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, roomID string, events []storage.RoomEvent, skip []string) (bool, error) {
+func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members []roomMember, events []storage.RoomEvent, skip []string) (bool, error) {
 	if len(events) == 0 {
 		return false, nil
-	}
-	members, err := s.txUserList(ctx, tx, `SELECT state_key FROM room_current_state
-		WHERE room_id = $1 AND event_type = 'm.room.member' AND membership = 'join' AND state_key NOT LIKE $2`,
-		roomID, s.localPattern())
-	if err != nil {
-		return false, err
 	}
 	excluded := func(server string) bool {
 		return server == "" || server == s.serverName || slices.Contains(skip, server)
 	}
 	joined := map[string]bool{}
 	for _, m := range members {
-		if server := serverOf(m); !excluded(server) {
+		if server := serverOf(m.userID); m.membership == storage.MembershipJoin && !excluded(server) {
 			joined[server] = true
 		}
 	}

@@ -96,18 +96,16 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 		}
 		// Sent on after the room's state moved, so a join it brings makes
 		// its server a destination. A rejected or soft-failed event is not.
-		if ev := in.Event; in.Federate && ev != nil && !ev.Rejected && !ev.SoftFailed {
-			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, in.RoomID, []storage.RoomEvent{*ev}, in.SkipServers); err != nil {
-				return err
-			}
-		}
-		members, err := s.txUserList(ctx, tx, `SELECT state_key FROM room_current_state
-			WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite') AND state_key LIKE $2`,
-			in.RoomID, s.localPattern())
+		members, err := s.txRoomMembers(ctx, tx, in.RoomID, next)
 		if err != nil {
 			return err
 		}
-		tx.concern(members...)
+		if ev := in.Event; in.Federate && ev != nil && !ev.Rejected && !ev.SoftFailed {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, members, []storage.RoomEvent{*ev}, in.SkipServers); err != nil {
+				return err
+			}
+		}
+		s.concernLocalMembers(tx, members)
 		return nil
 	})
 	res.Change = ch

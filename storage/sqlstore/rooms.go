@@ -82,15 +82,13 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 			}
 		}
 		// The room's local members see the events in /sync.
-		members, err := s.txUserList(ctx, tx, `SELECT state_key FROM room_current_state
-			WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite') AND state_key LIKE $2`,
-			w.RoomID, s.localPattern())
+		members, err := s.txRoomMembers(ctx, tx, w.RoomID, snapshot)
 		if err != nil {
 			return err
 		}
-		tx.concern(members...)
+		s.concernLocalMembers(tx, members)
 		if w.Federate {
-			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, w.RoomID, w.Events, nil); err != nil {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, members, w.Events, nil); err != nil {
 				return err
 			}
 		}

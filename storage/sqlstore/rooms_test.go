@@ -174,3 +174,63 @@ func TestRoomMinDepth(t *testing.T) {
 		}
 	})
 }
+
+// A write concerns the room's local joined and invited members as its
+// own transaction leaves them, whether the member list was read again or
+// kept from an earlier write on the same state: a join, a leave and a
+// refused write (whose snapshot number SQLite may hand out again) in
+// between messages.
+func TestRoomWritesConcernTheMembersOfTheirState(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		empty, a, b, c := "", "@a:x", "@b:x", "@c:x"
+		ext := "$join-a"
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{
+			Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a}, RoomID: "!r:x",
+			Events: []storage.RoomEvent{roomEvent("$create", "m.room.create", &empty, "", 1), roomEvent(ext, "m.room.member", &a, "join", 2)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		depth := int64(2)
+		txn := &storage.RoomTxn{UserID: a, DeviceID: "D", Path: "p"}
+		write := func(ev storage.RoomEvent) []string {
+			t.Helper()
+			depth++
+			ev.Depth = depth
+			w := storage.RoomWrite{RoomID: "!r:x", Extremities: []string{ext}, Events: []storage.RoomEvent{ev}}
+			if ev.EventID == "$m3" {
+				w.Txn = txn
+			}
+			res, err := s.WriteRoomEvents(ctx, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ext = ev.EventID
+			users := slices.Clone(res.Users)
+			slices.Sort(users)
+			return users
+		}
+		expect := func(what string, got []string, want ...string) {
+			t.Helper()
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s concerns %v, want %v", what, got, want)
+			}
+		}
+		expect("a message", write(roomEvent("$m1", "m.room.message", nil, "", 0)), a)
+		expect("the second message", write(roomEvent("$m2", "m.room.message", nil, "", 0)), a)
+		expect("b's join", write(roomEvent("$join-b", "m.room.member", &b, "join", 0)), a, b)
+		expect("a message after b's join", write(roomEvent("$m3", "m.room.message", nil, "", 0)), a, b)
+		// A state write that fails at its very end (its transaction ID is
+		// taken) leaves nothing behind, its snapshot's members included.
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{ext}, Txn: txn,
+			Events: []storage.RoomEvent{roomEvent("$invite-c", "m.room.member", &c, "invite", depth+1)}}); err == nil {
+			t.Fatal("a write repeating a transaction succeeded")
+		}
+		expect("b's leave", write(roomEvent("$leave-b", "m.room.member", &b, "leave", 0)), a, b)
+		expect("a message after b's leave", write(roomEvent("$m4", "m.room.message", nil, "", 0)), a)
+		// b, a past member, hears of the new member's device list.
+		expect("c's invite", write(roomEvent("$invite-c2", "m.room.member", &c, "invite", 0)), a, b, c)
+		expect("a message after c's invite", write(roomEvent("$m5", "m.room.message", nil, "", 0)), a, c)
+	})
+}

@@ -57,7 +57,9 @@ type Store struct {
 	// and signatures (see userCache).
 	tokens  *userCache[tokenOwner]
 	devices *userCache[*cachedKeys]
-	d       dialect
+	// roomMembers keeps rooms' members by state snapshot.
+	roomMembers memberCache
+	d           dialect
 	// serverName tells local users (whose changes go out over federation)
 	// from remote ones.
 	serverName string

@@ -1,0 +1,82 @@
+package sqlstore
+
+import (
+	"context"
+	"strings"
+	"sync"
+)
+
+// roomMember is a user joined to or invited into a room.
+type roomMember struct {
+	userID, membership string
+}
+
+// memberCache keeps the joined and invited members of state snapshots.
+// A snapshot never changes, so neither does its member list: every event
+// written on the same state (every message) finds the room's members
+// without reading them again. Lists are kept only once their transaction
+// committed: a snapshot number of a rolled-back transaction may be used
+// again (SQLite).
+type memberCache struct {
+	mu      sync.Mutex
+	lists   map[int64][]roomMember
+	members int // members in lists, bounded by maxCachedMembers
+}
+
+// maxCachedMembers bounds the cache; when it is full it starts over.
+const maxCachedMembers = 200000
+
+// txRoomMembers returns the joined and invited members of a room's
+// current state in tx, whose snapshot is snapshot (0: not known, not
+// kept).
+func (s *Store) txRoomMembers(ctx context.Context, tx *txn, roomID string, snapshot int64) ([]roomMember, error) {
+	c := &s.roomMembers
+	if snapshot != 0 {
+		c.mu.Lock()
+		list, ok := c.lists[snapshot]
+		c.mu.Unlock()
+		if ok {
+			return list, nil
+		}
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT state_key, membership FROM room_current_state
+		WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite')`, roomID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []roomMember{}
+	for rows.Next() {
+		var m roomMember
+		if err := rows.Scan(&m.userID, &m.membership); err != nil {
+			return nil, err
+		}
+		list = append(list, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if snapshot != 0 {
+		tx.onCommit(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.lists == nil || c.members+len(list) > maxCachedMembers {
+				c.lists, c.members = map[int64][]roomMember{}, 0
+			}
+			c.lists[snapshot] = list
+			c.members += len(list)
+		})
+	}
+	return list, nil
+}
+
+// concernLocalMembers tells the stream that a write concerns the local
+// members among members: their waiting /sync requests wake.
+func (s *Store) concernLocalMembers(tx *txn, members []roomMember) {
+	suffix := ":" + s.serverName
+	for _, m := range members {
+		if strings.HasSuffix(m.userID, suffix) {
+			tx.concern(m.userID)
+		}
+	}
+}
