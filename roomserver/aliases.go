@@ -64,12 +64,12 @@ func (s *Service) roomServers(ctx context.Context, roomID string) ([]string, err
 
 // resolveRemoteAlias asks the alias' server.
 func (s *Service) resolveRemoteAlias(ctx context.Context, server, alias string) (string, []string, error) {
-	if s.opts.Federation == nil {
+	if s.opts.Directory == nil {
 		return "", nil, mxerr.NotFound("aliases of other servers cannot be resolved: federation is off")
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.RemoteTimeout)
 	defer cancel()
-	roomID, servers, err := s.opts.Federation.LookupRoomAlias(ctx, server, alias)
+	roomID, servers, err := s.opts.Directory.LookupRoomAlias(ctx, server, alias)
 	if err != nil {
 		return "", nil, s.remoteFailure(server, err, "unknown room alias "+alias)
 	}

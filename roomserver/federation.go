@@ -12,9 +12,8 @@ import (
 	"github.com/keyserver/keyserver/internal/mxerr"
 )
 
-// Federation is what the rooms ask of other servers (package fedclient)
-// for aliases.
-type Federation interface {
+// AliasDirectory resolves aliases of other servers (package fedclient).
+type AliasDirectory interface {
 	// LookupRoomAlias asks dest which room its alias names, and which
 	// servers are in it (/query/directory).
 	LookupRoomAlias(ctx context.Context, dest, alias string) (roomID string, servers []string, err error)

@@ -37,7 +37,7 @@ func newRooms(t *testing.T, db testutil.Database, remoteTimeout time.Duration) *
 	fed := fedclient.New(fedclient.Options{ServerName: "test.local", KeyID: "ed25519:test", PrivateKey: key, SkipVerify: true,
 		AddressPolicy: &fedclient.AddressPolicy{Allow: iprange.MustParse([]string{"127.0.0.0/8"})}, Logger: log})
 	return roomserver.New(store, roomserver.Options{ServerName: "test.local", KeyID: "ed25519:test", PrivateKey: key,
-		Federation: fed, RemoteTimeout: remoteTimeout, Logger: log})
+		Directory: fed, RemoteTimeout: remoteTimeout, Logger: log})
 }
 
 // An alias' server that accepts the connection and never answers is a

@@ -253,19 +253,29 @@ type Template struct {
 	Event       gomatrixserverlib.ProtoEvent `json:"event"`
 }
 
-// MakeJoin answers /make_join from origin for one of its users.
-func (s *Service) MakeJoin(ctx context.Context, origin, roomID, userID string, versions []string) (Template, error) {
+// templateFor checks the room and user of a /make_join or /make_leave:
+// a room this server is in, a valid user ID.
+func (s *Service) templateFor(ctx context.Context, roomID, userID string) (storage.Room, *spec.UserID, *spec.RoomID, error) {
 	room, err := s.knownRoom(ctx, roomID)
 	if err != nil {
-		return Template{}, err
+		return room, nil, nil, err
 	}
 	user, err := spec.NewUserID(userID, true)
 	if err != nil {
-		return Template{}, mxerr.InvalidParam("%q is not a user ID", userID)
+		return room, nil, nil, mxerr.InvalidParam("%q is not a user ID", userID)
 	}
 	rid, err := spec.NewRoomID(roomID)
 	if err != nil {
-		return Template{}, mxerr.InvalidParam("%q is not a room ID", roomID)
+		return room, nil, nil, mxerr.InvalidParam("%q is not a room ID", roomID)
+	}
+	return room, user, rid, nil
+}
+
+// MakeJoin answers /make_join from origin for one of its users.
+func (s *Service) MakeJoin(ctx context.Context, origin, roomID, userID string, versions []string) (Template, error) {
+	room, user, rid, err := s.templateFor(ctx, roomID, userID)
+	if err != nil {
+		return Template{}, err
 	}
 	remote := []gomatrixserverlib.RoomVersion{}
 	for _, v := range versions {
@@ -381,17 +391,9 @@ func (s *Service) receiveResident(ctx context.Context, origin string, ev gomatri
 
 // MakeLeave answers /make_leave from origin for one of its users.
 func (s *Service) MakeLeave(ctx context.Context, origin, roomID, userID string) (Template, error) {
-	room, err := s.knownRoom(ctx, roomID)
+	room, user, rid, err := s.templateFor(ctx, roomID, userID)
 	if err != nil {
 		return Template{}, err
-	}
-	user, err := spec.NewUserID(userID, true)
-	if err != nil {
-		return Template{}, mxerr.InvalidParam("%q is not a user ID", userID)
-	}
-	rid, err := spec.NewRoomID(roomID)
-	if err != nil {
-		return Template{}, mxerr.InvalidParam("%q is not a room ID", roomID)
 	}
 	res, err := gomatrixserverlib.HandleMakeLeave(gomatrixserverlib.HandleMakeLeaveInput{
 		UserID: *user, SenderID: spec.SenderID(userID), RoomID: *rid, RoomVersion: gomatrixserverlib.RoomVersion(room.RoomVersion),

@@ -132,9 +132,9 @@ type Options struct {
 	// Handshakes join, invite and leave over federation; nil: rooms of
 	// other servers cannot be joined.
 	Handshakes Handshakes
-	// Federation resolves aliases of other servers; nil: they are not
+	// Directory resolves aliases of other servers; nil: they are not
 	// resolved.
-	Federation Federation
+	Directory AliasDirectory
 	// RemoteTimeout bounds a request to another server made while a
 	// client waits (default 10 s).
 	RemoteTimeout time.Duration

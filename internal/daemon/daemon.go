@@ -262,7 +262,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.ks = keyserver.New(store, ko)
 	keyRing := fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey())
 	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Federation: d.fed, Federated: true, Logger: log})
+		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Directory: d.fed, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.ks.SetPDUReceiver(rooms)
 	d.client = &http.Server{
