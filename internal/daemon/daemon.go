@@ -89,6 +89,10 @@ func (d *Daemon) startMetrics(cfg *config.Config) error {
 		q, err := d.store.OutboundQueue(ctx)
 		return float64(len(q)), err
 	})
+	gauge("keyserver_outbound_room_events", "Room events waiting to be sent, counted once per destination.", func(ctx context.Context) (float64, error) {
+		n, err := d.store.PDUQueueDepth(ctx)
+		return float64(n), err
+	})
 	gauge("keyserver_stale_device_lists", "Remote users whose device list waits for a resync.", func(ctx context.Context) (float64, error) {
 		n, err := d.store.StaleCount(ctx)
 		return float64(n), err

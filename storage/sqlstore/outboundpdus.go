@@ -94,6 +94,14 @@ func serverOf(userID string) string {
 	return server
 }
 
+// PDUQueueDepth counts the PDUs waiting, once per destination.
+func (s *Store) PDUQueueDepth(ctx context.Context) (_ int, err error) {
+	defer named("PDUQueueDepth", &err)
+	var n int
+	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbound_pdus`).Scan(&n)
+	return n, err
+}
+
 // PDUDestinations lists the servers with PDUs waiting.
 func (s *Store) PDUDestinations(ctx context.Context) (_ []string, err error) {
 	defer named("PDUDestinations", &err)

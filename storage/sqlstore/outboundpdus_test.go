@@ -105,6 +105,9 @@ func TestRoomWritesQueuePDUs(t *testing.T) {
 		write(true, roomEvent("$kick", "m.room.member", &b1, "leave", 10))
 		write(true, roomEvent("$m3", "m.room.message", nil, "", 11))
 		write(true, roomEvent("$invite", "m.room.member", &d3, "invite", 12))
+		if n, err := s.PDUQueueDepth(ctx); err != nil || n != 13 {
+			t.Fatalf("queue depth %d %v, want 13", n, err)
+		}
 		expect("kick, message, invite", map[string][]string{
 			"one":  {"$m1", "$m2", "$kick"},
 			"two":  {"$m1", "$m2", "$kick", "$m3", "$invite"},
