@@ -486,9 +486,9 @@ const maxRejectedHops = 10
 func (s *Service) statePrevs(ctx context.Context, prevs []string) ([]string, error) {
 	var out []string
 	seen := map[string]bool{}
-	todo := prevs
-	for hop := 0; len(todo) > 0; hop++ {
-		stored, err := s.db.RoomEventsByID(ctx, todo)
+	pending := prevs
+	for hop := 0; len(pending) > 0; hop++ {
+		stored, err := s.db.RoomEventsByID(ctx, pending)
 		if err != nil {
 			return nil, err
 		}
@@ -499,7 +499,7 @@ func (s *Service) statePrevs(ctx context.Context, prevs []string) ([]string, err
 			}
 		}
 		var next []string
-		for _, id := range todo {
+		for _, id := range pending {
 			if seen[id] {
 				continue
 			}
@@ -515,7 +515,7 @@ func (s *Service) statePrevs(ctx context.Context, prevs []string) ([]string, err
 			}
 			next = append(next, p.PrevEventIDs()...)
 		}
-		todo = next
+		pending = next
 	}
 	return out, nil
 }
