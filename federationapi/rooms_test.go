@@ -232,10 +232,10 @@ func authClosure(t *testing.T, from, chain []gomatrixserverlib.PDU) []string {
 		byID[ev.EventID()] = ev
 	}
 	seen := map[string]bool{}
-	todo := slices.Clone(from)
-	for len(todo) > 0 {
-		ev := todo[0]
-		todo = todo[1:]
+	pending := slices.Clone(from)
+	for len(pending) > 0 {
+		ev := pending[0]
+		pending = pending[1:]
 		for _, id := range ev.AuthEventIDs() {
 			if seen[id] {
 				continue
@@ -245,7 +245,7 @@ func authClosure(t *testing.T, from, chain []gomatrixserverlib.PDU) []string {
 			if !ok {
 				t.Fatalf("the auth chain lacks %s, an auth event of %s", id, ev.EventID())
 			}
-			todo = append(todo, next)
+			pending = append(pending, next)
 		}
 	}
 	var out []string
