@@ -11,7 +11,9 @@ import (
 
 // stateCache keeps the state events read of state snapshots, parsed.
 // A snapshot never changes once written, so an entry is never stale,
-// whichever daemon wrote the snapshot: a message, whose auth events are
+// whichever daemon wrote the snapshot (a redaction rewrites an event's
+// JSON, but keeps every key the auth rules read, which is all the cache
+// is used for): a message, whose auth events are
 // the create event, the power levels and its sender's membership, is
 // built without reading the database again while the room's state stays
 // as it is.

@@ -12,7 +12,8 @@ type roomMember struct {
 }
 
 // memberCache keeps the joined and invited members of state snapshots.
-// A snapshot never changes, so neither does its member list: every event
+// A snapshot never changes, so neither does its member list (a redaction
+// keeps a member event's membership): every event
 // written on the same state (every message) finds the room's members
 // without reading them again. Lists are kept only once their transaction
 // committed: a snapshot number of a rolled-back transaction may be used
