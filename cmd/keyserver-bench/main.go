@@ -55,6 +55,7 @@ type options struct {
 	presign                     int
 	keyCap                      int
 	claimStock                  int
+	uploadRoom                  int
 	pids                        []int  // the daemons' processes, for their CPU time
 	postgresData                string // data directory of a local PostgreSQL cluster, for its CPU time
 	metricsURLs                 []string
@@ -71,6 +72,8 @@ func main() {
 		"per request (from /proc)")
 	flag.StringVar(&o.postgresData, "postgres-data", "", "data `directory` of the PostgreSQL cluster the daemons use, when it runs "+
 		"on this machine: each phase then reports its CPU time per request too")
+	flag.IntVar(&o.uploadRoom, "upload-room", 400, "before each upload or mixed phase, keys are claimed from every device with "+
+		"less than this much room below -key-cap, so that its uploads find room (0: none)")
 	flag.IntVar(&o.claimStock, "claim-stock", 300, "before the first claim or mixed phase, every device is topped up to this many "+
 		"one-time keys, so that claims find keys; 0 leaves the set-up keys (at most key-cap)")
 	flag.IntVar(&o.users, "users", 200, "users to register")
@@ -223,6 +226,14 @@ func run(ctx context.Context, o options, out io.Writer) error {
 				return err
 			}
 			fmt.Fprintf(out, "claim stock: every device topped up to %d one-time keys in %s\n", o.claimStock,
+				time.Since(t).Round(time.Millisecond))
+		}
+		if (name == "upload" || name == "mixed") && o.uploadRoom > 0 {
+			t := time.Now()
+			if err := b.makeRoom(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "upload room: every device at most %d one-time keys in %s\n", o.keyCap-o.uploadRoom,
 				time.Since(t).Round(time.Millisecond))
 		}
 		r, err := b.phase(ctx, name, op, out)
@@ -548,15 +559,7 @@ func (b *bench) claim(ctx context.Context, c *client) error {
 		return errEmptyClaim
 	}
 	target.unclaimed.Add(-1)
-	for id := range keys {
-		k := target.userID + "|" + target.deviceID + "|" + id
-		b.claimedMu.Lock()
-		if b.claimed[k] {
-			b.twice.Add(1)
-		}
-		b.claimed[k] = true
-		b.claimedMu.Unlock()
-	}
+	b.recordClaimed(target, keys)
 	return nil
 }
 
@@ -607,17 +610,82 @@ func (b *bench) stock(ctx context.Context) error {
 	}
 }
 
+// makeRoom claims keys from every device holding more than key-cap less
+// upload-room, until none does: an upload phase at thousands of uploads a
+// second fills every device to the cap within seconds otherwise, and its
+// uploads then fail, where real devices upload as others claim. Each
+// request claims a key of every device still over the mark; the keys
+// count as handed out (a key handed out twice is still an error).
+func (b *bench) makeRoom(ctx context.Context) error {
+	mark := int64(b.o.keyCap - b.o.uploadRoom)
+	for {
+		req := map[string]map[string]string{}
+		var over []*device
+		for _, d := range b.devices {
+			if d.unclaimed.Load() > mark {
+				if req[d.userID] == nil {
+					req[d.userID] = map[string]string{}
+				}
+				req[d.userID][d.deviceID] = "signed_curve25519"
+				over = append(over, d)
+			}
+		}
+		if len(over) == 0 {
+			return nil
+		}
+		var r struct {
+			OneTimeKeys map[string]map[string]map[string]json.RawMessage `json:"one_time_keys"`
+		}
+		if err := b.do(ctx, b.o.urls[0], "POST", "/_matrix/client/v3/keys/claim", b.devices[0].token,
+			map[string]any{"one_time_keys": req}, &r); err != nil {
+			return fmt.Errorf("upload room: %w", err)
+		}
+		for _, d := range over {
+			keys := r.OneTimeKeys[d.userID][d.deviceID]
+			if len(keys) == 0 {
+				d.unclaimed.Store(0) // the tool counted keys the server did not have
+				continue
+			}
+			d.unclaimed.Add(-1)
+			b.recordClaimed(d, keys)
+		}
+	}
+}
+
+// recordClaimed notes keys handed out for a device, counting any handed
+// out before.
+func (b *bench) recordClaimed(d *device, keys map[string]json.RawMessage) {
+	b.claimedMu.Lock()
+	defer b.claimedMu.Unlock()
+	for id := range keys {
+		k := d.userID + "|" + d.deviceID + "|" + id
+		if b.claimed[k] {
+			b.twice.Add(1)
+		}
+		b.claimed[k] = true
+	}
+}
+
 // deviceWithRoom picks a random device, or the next one after it that has
-// room for n more keys below the cap; the random one if none has.
-func (b *bench) deviceWithRoom(rng *mrand.Rand, n int) *device {
+// room for n more keys below the cap, and reserves that room (its count
+// goes up by n at once, so that clients uploading at the same moment do
+// not fill one device past the cap between them); the random one, with
+// nothing reserved, if none has room.
+func (b *bench) deviceWithRoom(rng *mrand.Rand, n int) (d *device, reserved bool) {
 	first := rng.IntN(len(b.devices))
 	for j := range b.devices {
 		d := b.devices[(first+j)%len(b.devices)]
-		if d.unclaimed.Load()+int64(n) <= int64(b.o.keyCap) {
-			return d
+		for {
+			cur := d.unclaimed.Load()
+			if cur+int64(n) > int64(b.o.keyCap) {
+				break
+			}
+			if d.unclaimed.CompareAndSwap(cur, cur+int64(n)) {
+				return d, true
+			}
 		}
 	}
-	return b.devices[first]
+	return b.devices[first], false
 }
 
 // uploadCounts is the answer to an upload.
@@ -631,9 +699,12 @@ type uploadCounts struct {
 // uploads when its count runs low). When no device has room the upload
 // goes ahead, and its refusal counts as an error.
 func (b *bench) uploadKeys(ctx context.Context, c *client) error {
-	d := b.deviceWithRoom(c.rng, b.o.upload)
+	d, reserved := b.deviceWithRoom(c.rng, b.o.upload)
 	var counts uploadCounts
 	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
+		if reserved {
+			d.unclaimed.Add(-int64(b.o.upload)) // the keys did not go in
+		}
 		return err
 	}
 	if n, ok := counts.OneTimeKeyCounts["signed_curve25519"]; ok {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,7 +56,9 @@ func TestBenchAgainstServer(t *testing.T) {
 }
 
 // Uploads go to devices with room below the cap, as clients' do, and only
-// to a full one when every device is full.
+// to a full one when every device is full; the room is reserved at once,
+// so that clients picking at the same moment never fill a device past the
+// cap between them.
 func TestUploadsGoWhereThereIsRoom(t *testing.T) {
 	b := &bench{o: options{keyCap: 20}}
 	for i := 0; i < 8; i++ {
@@ -65,18 +68,45 @@ func TestUploadsGoWhereThereIsRoom(t *testing.T) {
 	}
 	b.devices[5].unclaimed.Store(15)
 	rng := mrand.New(mrand.NewPCG(1, 2))
-	for range 100 {
-		if d := b.deviceWithRoom(rng, 5); d != b.devices[5] {
-			t.Fatalf("picked %s (%d keys), the only device with room for 5 is D5", d.deviceID, d.unclaimed.Load())
-		}
+	if d, reserved := b.deviceWithRoom(rng, 5); d != b.devices[5] || !reserved || d.unclaimed.Load() != 20 {
+		t.Fatalf("picked %s (%d keys, reserved %v), the only device with room for 5 is D5", d.deviceID, d.unclaimed.Load(), reserved)
 	}
-	b.devices[5].unclaimed.Store(16)
 	seen := map[*device]bool{}
 	for range 200 {
-		seen[b.deviceWithRoom(rng, 5)] = true
+		d, reserved := b.deviceWithRoom(rng, 5)
+		if reserved {
+			t.Fatalf("reserved room on %s with every device full", d.deviceID)
+		}
+		seen[d] = true
 	}
 	if len(seen) < 6 {
 		t.Fatalf("with every device full the pick stays random; %d of 8 devices picked", len(seen))
+	}
+
+	// 64 clients at once, room for one upload on each of 8 devices: 8
+	// reservations, one per device.
+	for _, d := range b.devices {
+		d.unclaimed.Store(15)
+	}
+	var wg sync.WaitGroup
+	var got atomic.Int32
+	for c := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, reserved := b.deviceWithRoom(mrand.New(mrand.NewPCG(uint64(c), 3)), 5); reserved {
+				got.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if got.Load() != 8 {
+		t.Fatalf("%d reservations for 8 devices with room for one upload each", got.Load())
+	}
+	for _, d := range b.devices {
+		if d.unclaimed.Load() != 20 {
+			t.Fatalf("%s counts %d after the reservations, want 20", d.deviceID, d.unclaimed.Load())
+		}
 	}
 }
 
@@ -229,5 +259,38 @@ func TestFixedServerAnswersEveryPhase(t *testing.T) {
 		if f := strings.Fields(line); len(f) == 7 && f[0] != "phase" && (f[6] != "0" || f[1] == "0") {
 			t.Fatalf("a phase without answers or with errors: %s\n%s", line, out.String())
 		}
+	}
+}
+
+// Before an upload phase, keys are claimed from every device over the
+// mark until none is, so that the phase's uploads find room; the keys
+// claimed count as handed out.
+func TestUploadRoomMade(t *testing.T) {
+	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
+	o := options{urls: []string{srv.URL}, users: 2, devices: 2, otks: 50, clients: 2, keyCap: 500, uploadRoom: 460, seed: 1}
+	b := &bench{o: o, claimed: map[string]bool{}, http: http.DefaultClient}
+	ctx := context.Background()
+	if err := b.setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.devices[1].unclaimed.Store(30) // the tool's count is the server's or lower: this one is left alone
+	if err := b.makeRoom(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range b.devices {
+		var counts uploadCounts
+		if err := b.do(ctx, srv.URL, "POST", "/_matrix/client/v3/keys/upload", d.token, map[string]any{}, &counts); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(40)
+		if i == 1 {
+			want = 50
+		}
+		if got := counts.OneTimeKeyCounts["signed_curve25519"]; got != want || d.unclaimed.Load() > 40 {
+			t.Fatalf("%s: the server holds %d keys (want %d), the tool counts %d", d.deviceID, got, want, d.unclaimed.Load())
+		}
+	}
+	if len(b.claimed) != 30 || b.twice.Load() != 0 {
+		t.Fatalf("%d keys recorded as handed out, %d twice; want 30 and 0", len(b.claimed), b.twice.Load())
 	}
 }
