@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"slices"
 	"strings"
 
 	"github.com/keyserver/keyserver/storage"
@@ -21,27 +20,17 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 	var res storage.RoomWriteResult
 	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.RoomWriteResult{}
-		var current, depth int64
-		err := tx.QueryRowContext(ctx, `SELECT state_snapshot, depth FROM rooms WHERE room_id = $1`+s.d.forUpdate, in.RoomID).Scan(&current, &depth)
+		current, depth, have, err := s.txLockRoom(ctx, tx, in.RoomID)
 		switch {
-		case errors.Is(err, sql.ErrNoRows) && in.Create != nil:
+		case errors.Is(err, storage.ErrNotFound) && in.Create != nil:
 			if _, err := tx.ExecContext(ctx, `INSERT INTO rooms (room_id, room_version, creator, published, depth, state_snapshot, created_ts)
 				VALUES ($1, $2, $3, $4, 0, 0, $5)`, in.RoomID, in.Create.RoomVersion, in.Create.Creator, boolInt(in.Create.Published), in.Now); err != nil {
 				return err
 			}
 		case err != nil:
-			return notFound(err)
-		case in.NewExtremities != nil:
-			have, err := s.txUserList(ctx, tx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, in.RoomID)
-			if err != nil {
-				return err
-			}
-			want := slices.Clone(in.Extremities)
-			slices.Sort(have)
-			slices.Sort(want)
-			if !slices.Equal(have, want) {
-				return storage.ErrRoomMoved
-			}
+			return err
+		case in.NewExtremities != nil && !sameSet(have, in.Extremities):
+			return storage.ErrRoomMoved
 		}
 		for _, ev := range in.Outliers {
 			if err := s.txInsertOutlier(ctx, tx, ev); err != nil {

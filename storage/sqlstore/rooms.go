@@ -40,18 +40,12 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 				return err
 			}
 		} else {
-			err := tx.QueryRowContext(ctx, `SELECT state_snapshot, depth FROM rooms WHERE room_id = $1`+s.d.forUpdate, w.RoomID).Scan(&snapshot, &depth)
-			if err != nil {
-				return notFound(err)
-			}
-			have, err := s.txUserList(ctx, tx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, w.RoomID)
-			if err != nil {
+			var have []string
+			var err error
+			if snapshot, depth, have, err = s.txLockRoom(ctx, tx, w.RoomID); err != nil {
 				return err
 			}
-			want := slices.Clone(w.Extremities)
-			slices.Sort(have)
-			slices.Sort(want)
-			if !slices.Equal(have, want) {
+			if !sameSet(have, w.Extremities) {
 				return storage.ErrRoomMoved
 			}
 		}
@@ -74,13 +68,6 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 		if err := s.txReplaceExtremities(ctx, tx, w.RoomID, w.Create == nil && len(w.Extremities) == 1, w.Events); err != nil {
 			return err
 		}
-		// Stream positions last: the counter stays locked from the first
-		// one to the commit, holding up every other write of the server.
-		for i, ev := range w.Events {
-			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], &res, w.Now); err != nil {
-				return err
-			}
-		}
 		// The room's local members see the events in /sync.
 		members, err := s.txRoomMembers(ctx, tx, w.RoomID, snapshot)
 		if err != nil {
@@ -101,10 +88,38 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 				return err
 			}
 		}
+		// Stream positions last: the counter stays locked from the first
+		// one to the commit, holding up every other write of the server.
+		for i, ev := range w.Events {
+			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], &res, w.Now); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	res.Change = ch
 	return res, err
+}
+
+// txLockRoom locks a room's record for the transaction and reads it, then
+// its extremities (storage.ErrNotFound for an unknown room). Two
+// statements: a lock taken in a join would read the other table as it was
+// before the lock was granted (PostgreSQL re-reads only the locked row).
+func (s *Store) txLockRoom(ctx context.Context, tx *txn, roomID string) (snapshot, depth int64, extremities []string, err error) {
+	err = tx.QueryRowContext(ctx, `SELECT state_snapshot, depth FROM rooms WHERE room_id = $1`+s.d.forUpdate, roomID).Scan(&snapshot, &depth)
+	if err != nil {
+		return 0, 0, nil, notFound(err)
+	}
+	extremities, err = s.txUserList(ctx, tx, `SELECT event_id FROM room_extremities WHERE room_id = $1`, roomID)
+	return snapshot, depth, extremities, err
+}
+
+// sameSet reports whether two lists hold the same strings.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // txReplaceExtremities makes the last of events the room's one forward
