@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/matrix-org/gomatrixserverlib"
 
@@ -545,4 +546,54 @@ func TestRoomSendsFromTwoDaemons(t *testing.T) {
 	roomID := createRoom(t, a1.Server, alice, map[string]any{})
 	ids := sendConcurrently(t, []*testutil.Server{a1.Server, a2.Server}, alice, roomID, 16)
 	expectLinearRoom(t, a1.Server, roomID, ids)
+}
+
+// A message sent through one daemon wakes the waiting /sync of a room
+// member on another daemon sharing the PostgreSQL database (the write
+// sends its stream notification before taking its position); a user not
+// in the room keeps waiting.
+func TestRoomMessageWakesSyncOnOtherDaemon(t *testing.T) {
+	db := testutil.Postgres(t)
+	a1 := testutil.StartNode(t, db, nil)
+	a2 := testutil.StartNode(t, db, func(c *config.Config) { c.ServerName = a1.ServerName })
+	alice := a1.Register(t, "alice", "")
+	bob := a1.Register(t, "bob", "")
+	carol := a1.Register(t, "carol", "")
+	roomID := createRoom(t, a1.Server, alice, map[string]any{"preset": "public_chat"})
+	a1.Must(t, "POST", v3+"/join/"+url.PathEscape(roomID), bob.Token, nil)
+	wait := func(u *testutil.User) chan testutil.Response {
+		since := a2.Must(t, "GET", v3+"/sync?timeout=0", u.Token, nil)["next_batch"].(string)
+		done := make(chan testutil.Response, 1)
+		go func() { done <- a2.Do(t, "GET", v3+"/sync?timeout=20000&since="+url.QueryEscape(since), u.Token, nil) }()
+		return done
+	}
+	carolDone := wait(carol)
+	testutil.Eventually(t, "carol's /sync to wait", func() bool { return a2.Service.WaitingSyncs() == 1 })
+	bobDone := wait(bob)
+	testutil.Eventually(t, "bob's /sync to wait", func() bool { return a2.Service.WaitingSyncs() == 2 })
+	// a2 may not listen yet: messages go until one is heard.
+	var woken testutil.Response
+	for i := 0; woken.Status == 0; i++ {
+		if i == 100 {
+			t.Fatal("bob's /sync on a2 never woke")
+		}
+		a1.Must(t, "PUT", roomPath(roomID, "/send/m.room.message/m"+strconv.Itoa(i)), alice.Token, map[string]any{"body": "hi", "msgtype": "m.text"})
+		select {
+		case woken = <-bobDone:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	join, _ := woken.Body["rooms"].(map[string]any)["join"].(map[string]any)[roomID].(map[string]any)
+	events, _ := join["timeline"].(map[string]any)["events"].([]any)
+	if len(events) == 0 || events[len(events)-1].(map[string]any)["type"] != "m.room.message" {
+		t.Fatalf("bob's woken sync: %s", woken.Raw)
+	}
+	select {
+	case r := <-carolDone:
+		t.Fatalf("carol's sync woke for a room she is not in: %s", r.Raw)
+	default:
+	}
+	if n := a2.Service.WaitingSyncs(); n != 1 {
+		t.Fatalf("%d syncs waiting on a2, want carol's", n)
+	}
 }

@@ -174,6 +174,8 @@ type txn struct {
 	pos       storage.StreamPos
 	concerned map[string]struct{}
 	lookedUp  map[string]bool
+	// notified: the stream notification is sent already (notifyEarly).
+	notified bool
 }
 
 // concern adds local users the transaction's changes concern.

@@ -88,6 +88,13 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 				return err
 			}
 		}
+		// Messages concern no one else than the members: the notification
+		// goes before the positions.
+		if len(w.Events) > 0 && !slices.ContainsFunc(w.Events, func(ev storage.RoomEvent) bool { return ev.StateKey != nil }) {
+			if err := s.notifyEarly(ctx, tx); err != nil {
+				return err
+			}
+		}
 		// Stream positions last: the counter stays locked from the first
 		// one to the commit, holding up every other write of the server.
 		for i, ev := range w.Events {
@@ -202,11 +209,8 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 // txPlaceRoomEvent gives a written event its stream position and, for a
 // membership event, changes the membership device lists read.
 func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, nid int64, res *storage.RoomWriteResult, now int64) error {
-	pos, err := s.nextPos(ctx, tx)
+	pos, err := s.txPositionEvent(ctx, tx, nid)
 	if err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE room_events SET pos = $1 WHERE event_nid = $2`, pos, nid); err != nil {
 		return err
 	}
 	if ev.StateKey == nil {
@@ -228,6 +232,28 @@ func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	stale, err := s.txSetMembership(ctx, tx, ev.RoomID, *ev.StateKey, deviceListMembership(ev.Membership), now)
 	res.NewlyStale = append(res.NewlyStale, stale...)
 	return err
+}
+
+// txPositionEvent gives a stored event the next stream position. On
+// PostgreSQL it is one statement: from the counter's update to the
+// commit, every other write of the server waits, so each round trip
+// there counts.
+func (s *Store) txPositionEvent(ctx context.Context, tx *txn, nid int64) (storage.StreamPos, error) {
+	if s.d.name != "postgres" { // SQLite has no updates in WITH
+		pos, err := s.nextPos(ctx, tx)
+		if err != nil {
+			return 0, err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE room_events SET pos = $1 WHERE event_nid = $2`, pos, nid)
+		return pos, err
+	}
+	var pos storage.StreamPos
+	if err := tx.QueryRowContext(ctx, `WITH p AS (UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos)
+		UPDATE room_events SET pos = (SELECT pos FROM p) WHERE event_nid = $1 RETURNING pos`, nid).Scan(&pos); err != nil {
+		return 0, err
+	}
+	tx.pos = pos
+	return pos, nil
 }
 
 // deviceListMembership is what a room membership means for device lists:

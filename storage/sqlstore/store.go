@@ -239,8 +239,10 @@ func (s *Store) writeChange(ctx context.Context, fn func(tx *txn) error) (storag
 	if err := fn(t); err != nil {
 		return storage.Change{}, err
 	}
-	if err := s.notifyStream(ctx, t); err != nil {
-		return storage.Change{}, err
+	if !t.notified {
+		if err := s.notifyStream(ctx, t); err != nil {
+			return storage.Change{}, err
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return storage.Change{}, err
@@ -285,6 +287,22 @@ func (s *Store) notifyStream(ctx context.Context, tx *txn) error {
 		payload = ""
 	}
 	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+streamChannel+`', $1)`, payload)
+	return err
+}
+
+// notifyEarly sends tx's stream notification before it takes its stream
+// position, for a write that knows every user it concerns by then and
+// sends no other notification: from the position to the commit every
+// other write of the server waits, and the notification is delivered at
+// the commit wherever it was sent.
+func (s *Store) notifyEarly(ctx context.Context, tx *txn) error {
+	if s.d.name != "postgres" {
+		return nil
+	}
+	tx.pos = -1 // a position is coming: notifyStream sends
+	err := s.notifyStream(ctx, tx)
+	tx.pos = 0
+	tx.notified = err == nil
 	return err
 }
 
