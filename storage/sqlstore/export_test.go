@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"strings"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -39,4 +40,19 @@ func (s *Store) QueueRoomPDUs(ctx context.Context, roomID string, events []stora
 		return err
 	})
 	return queued, err
+}
+
+// MigrationStatements returns the statements of migration v, for the
+// store's dialect.
+func (s *Store) MigrationStatements(v int) []string {
+	for _, m := range migrations {
+		if m.version == v {
+			ddl := m.sql
+			for k, r := range s.d.schema {
+				ddl = strings.ReplaceAll(ddl, k, r)
+			}
+			return splitStatements(ddl)
+		}
+	}
+	return nil
 }

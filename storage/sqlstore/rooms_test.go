@@ -3,7 +3,9 @@ package sqlstore_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -232,5 +234,72 @@ func TestRoomWritesConcernTheMembersOfTheirState(t *testing.T) {
 		// b, a past member, hears of the new member's device list.
 		expect("c's invite", write(roomEvent("$invite-c2", "m.room.member", &c, "invite", 0)), a, b, c)
 		expect("a message after c's invite", write(roomEvent("$m5", "m.room.message", nil, "", 0)), a, c)
+	})
+}
+
+// Migration 15 gives every stored event the state after it: in a room
+// written as one chain (all there was before it), the state before the
+// next event, or the room's state after the last.
+func TestStateAfterFilledByMigration15(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		empty, a := "", "@a:x"
+		chain := []storage.RoomEvent{
+			roomEvent("$create", "m.room.create", &empty, "", 1), roomEvent("$join", "m.room.member", &a, "join", 2),
+			roomEvent("$m1", "m.room.message", nil, "", 3), roomEvent("$topic", "m.room.topic", &empty, "", 4),
+			roomEvent("$m2", "m.room.message", nil, "", 5), roomEvent("$m3", "m.room.message", nil, "", 6),
+			roomEvent("$name", "m.room.name", &empty, "", 7),
+		}
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+			RoomID: "!r:x", Events: chain[:4]}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$topic"}, Events: chain[4:]}); err != nil {
+			t.Fatal(err)
+		}
+		afters := func() map[string]int64 {
+			t.Helper()
+			rows, err := s.DB().Query(`SELECT event_id, COALESCE(state_after, -1) FROM room_events`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			out := map[string]int64{}
+			for rows.Next() {
+				var id string
+				var after int64
+				if err := rows.Scan(&id, &after); err != nil {
+					t.Fatal(err)
+				}
+				out[id] = after
+			}
+			return out
+		}
+		written := afters()
+		if _, err := s.DB().Exec(`UPDATE room_events SET state_after = NULL`); err != nil {
+			t.Fatal(err)
+		}
+		ran := 0
+		for _, stmt := range s.MigrationStatements(15) {
+			if strings.Contains(stmt, "ALTER TABLE") {
+				continue // the column is there
+			}
+			if _, err := s.DB().Exec(stmt); err != nil {
+				t.Fatalf("%v in %s", err, stmt)
+			}
+			ran++
+		}
+		if ran != 2 {
+			t.Fatalf("ran %d of migration 15's updates, want 2", ran)
+		}
+		if got := afters(); !maps.Equal(got, written) {
+			t.Fatalf("state after each event as migration 15 fills it: %v, as written: %v", got, written)
+		}
+		for _, id := range []string{"$topic", "$m3", "$name"} {
+			if written[id] <= 0 {
+				t.Fatalf("%s was written without the state after it: %v", id, written)
+			}
+		}
 	})
 }
