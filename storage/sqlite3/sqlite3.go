@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/mattn/go-sqlite3"
 )
@@ -192,8 +193,32 @@ type connector struct {
 	driver *sqlite3.SQLiteDriver
 }
 
-func (c connector) Connect(context.Context) (driver.Conn, error) { return c.driver.Open(c.dsn) }
-func (c connector) Driver() driver.Driver                        { return c.driver }
+// Connect opens a connection. Switching a new database to WAL takes a
+// lock the busy handler does not wait for: a connection opening the file
+// at the same moment as another (several processes starting on one
+// database) fails with SQLITE_BUSY. It is tried again for as long as the
+// busy timeout would have waited.
+func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
+	deadline := time.Now().Add(connectRetry)
+	for {
+		conn, err := c.driver.Open(c.dsn)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || (se.Code != sqlite3.ErrBusy && se.Code != sqlite3.ErrLocked) || time.Now().After(deadline) {
+			return conn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// connectRetry bounds the retries of a connection that finds the database
+// busy (the busy timeout's 10 s).
+const connectRetry = 10 * time.Second
+
+func (c connector) Driver() driver.Driver { return c.driver }
 
 func setDefault(v url.Values, key, value string) {
 	if v.Get(key) == "" {
