@@ -33,16 +33,18 @@ func TestBenchAgainstServer(t *testing.T) {
 	var out bytes.Buffer
 	o := options{urls: []string{srv.URL}, users: 4, devices: 2, otks: 5, clients: 2, queryUsers: 3, upload: 2,
 		duration: 300 * time.Millisecond, phases: "query,claim,upload,mixed,room-create,room-join,room-send", seed: 1,
-		presign:    3,                  // few enough that uploads also sign keys as they go
-		claimStock: 400,                // more than the claims of the phase: none comes back empty
-		pids:       []int{os.Getpid()}} // the server runs in this process
+		presign:    3,                    // few enough that uploads also sign keys as they go
+		claimStock: 400,                  // more than the claims of the phase: none comes back empty
+		keyCap:     500, uploadRoom: 400, // the server's cap; uploads find room
+		pids: []int{os.Getpid()}} // the server runs in this process
 	if err := run(context.Background(), o, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	t.Log(out.String())
 	for _, want := range []string{"set-up: 4 users, 8 devices", "query", "claim", "upload", "mixed",
 		"room-create", "room-join", "room-send", "keys handed out twice: 0",
-		"claim stock: every device topped up to 400", "claims that found no key (not in requests or req/s): 0\n",
+		"claim stock: every device topped up to 400", "upload room: every device at most 100 one-time keys",
+		"claims that found no key (not in requests or req/s): 0\n",
 		"daemon CPU µs/req (1)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
