@@ -408,6 +408,21 @@ func eventIDs(evs []gomatrixserverlib.PDU) []string {
 
 // verify checks a request's X-Matrix signature with the peer's key ring,
 // answering it when it fails.
+// enter counts a call of an endpoint, runs the failure the test set for
+// it (read by fail under the lock) if any, else checks the request's
+// signature: nil when the request is answered already.
+func (p *gmslPeer) enter(w http.ResponseWriter, r *http.Request, name string, fail func() http.HandlerFunc) *fclient.FederationRequest {
+	p.mu.Lock()
+	p.calls[name]++
+	f := fail()
+	p.mu.Unlock()
+	if f != nil {
+		f(w, r)
+		return nil
+	}
+	return p.verify(w, r)
+}
+
 func (p *gmslPeer) verify(w http.ResponseWriter, r *http.Request) *fclient.FederationRequest {
 	fr, resp := fclient.VerifyHTTPRequest(r, time.Now(), spec.ServerName(p.Name), nil, p.keyRing)
 	if fr == nil {
@@ -515,15 +530,7 @@ func (q peerQuerier) RestrictedRoomJoinInfo(context.Context, spec.RoomID, spec.S
 // makeJoin answers a join template built on the room's current state
 // (gomatrixserverlib.HandleMakeJoin).
 func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
-	p.mu.Lock()
-	p.calls["make_join"]++
-	fail := p.failMakeJoin
-	p.mu.Unlock()
-	if fail != nil {
-		fail(w, r)
-		return
-	}
-	fr := p.verify(w, r)
+	fr := p.enter(w, r, "make_join", func() http.HandlerFunc { return p.failMakeJoin })
 	if fr == nil {
 		return
 	}
@@ -660,15 +667,7 @@ func senderServer(sender spec.SenderID) spec.ServerName {
 // auth rules against the state before it) and answers the state before
 // it with its auth chain.
 func (p *gmslPeer) sendJoin(w http.ResponseWriter, r *http.Request) {
-	p.mu.Lock()
-	p.calls["send_join"]++
-	fail := p.failSendJoin
-	p.mu.Unlock()
-	if fail != nil {
-		fail(w, r)
-		return
-	}
-	fr := p.verify(w, r)
+	fr := p.enter(w, r, "send_join", func() http.HandlerFunc { return p.failSendJoin })
 	if fr == nil {
 		return
 	}
