@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/url"
-	"strings"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/fclient"
@@ -112,13 +111,4 @@ func nonNilRaw(s []json.RawMessage) []json.RawMessage {
 		return []json.RawMessage{}
 	}
 	return s
-}
-
-// ServerOf is the server name of a user ID, room ID or event ID of the
-// old format ("" when there is none).
-func ServerOf(id string) string {
-	if i := strings.IndexByte(id, ':'); i >= 0 {
-		return id[i+1:]
-	}
-	return ""
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -307,7 +308,7 @@ func serversJoinedIn(state []storage.RoomEvent) map[string]bool {
 	out := map[string]bool{}
 	for _, ev := range state {
 		if ev.Type == spec.MRoomMember && ev.StateKey != nil && ev.Membership == spec.Join {
-			if server := serverOf(*ev.StateKey); server != "" {
+			if server := matrixid.Server(*ev.StateKey); server != "" {
 				out[server] = true
 			}
 		}

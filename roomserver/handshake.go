@@ -8,11 +8,11 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -97,19 +97,12 @@ func (s *Service) joinedServers(ctx context.Context, roomID string) ([]string, e
 	var out []string
 	for _, ev := range state {
 		if ev.Type == spec.MRoomMember && ev.Membership == spec.Join && ev.StateKey != nil {
-			if server := serverOf(*ev.StateKey); server != "" && !slices.Contains(out, server) {
+			if server := matrixid.Server(*ev.StateKey); server != "" && !slices.Contains(out, server) {
 				out = append(out, server)
 			}
 		}
 	}
 	return out, nil
-}
-
-func serverOf(id string) string {
-	if i := strings.IndexByte(id, ':'); i >= 0 {
-		return id[i+1:]
-	}
-	return ""
 }
 
 // querier answers gomatrixserverlib's questions about rooms.
@@ -432,7 +425,7 @@ func (s *Service) SendLeave(ctx context.Context, origin, roomID, eventID string,
 		return mxerr.InvalidParam("the event is not a leave")
 	case ev.StateKey() == nil || *ev.StateKey() != string(ev.SenderID()):
 		return mxerr.InvalidParam("the state key is not the sender")
-	case serverOf(string(ev.SenderID())) != origin:
+	case matrixid.Server(string(ev.SenderID())) != origin:
 		return mxerr.InvalidParam("the sender is not a user of the requesting server")
 	}
 	return s.receiveResident(ctx, origin, ev)
@@ -466,7 +459,7 @@ func (s *Service) ReceiveInvite(ctx context.Context, origin, roomID, eventID str
 		return nil, mxerr.InvalidParam("the event is not an invite")
 	case !s.isLocalUser(*ev.StateKey()):
 		return nil, mxerr.InvalidParam("the invited user is not a user of this server")
-	case serverOf(string(ev.SenderID())) != origin:
+	case matrixid.Server(string(ev.SenderID())) != origin:
 		return nil, mxerr.InvalidParam("the sender is not a user of the requesting server")
 	}
 	invitee, err := spec.NewUserID(*ev.StateKey(), true)
@@ -691,7 +684,7 @@ func (s *Service) inviteRemote(ctx context.Context, ev gomatrixserverlib.PDU) (g
 		}
 		stripped = append(stripped, raw)
 	}
-	target := serverOf(*ev.StateKey())
+	target := matrixid.Server(*ev.StateKey())
 	raw, err := s.opts.Handshakes.SendInvite(ctx, target, ev, stripped)
 	if err != nil {
 		s.opts.Logger.WithField("server", target).WithError(err).Info("a remote invite failed")
@@ -730,7 +723,7 @@ func (s *Service) rejectRemoteInvite(ctx context.Context, userID, roomID string)
 	if len(invite) == 0 || s.opts.Handshakes == nil {
 		return errNoRoom(roomID)
 	}
-	server := serverOf(invite[0].Sender)
+	server := matrixid.Server(invite[0].Sender)
 	proto, version, err := s.opts.Handshakes.MakeLeave(ctx, server, roomID, userID)
 	if err != nil {
 		return remoteJoinError(ctx, err)

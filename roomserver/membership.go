@@ -9,6 +9,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -60,10 +61,10 @@ func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string
 		if inv, err := s.db.RoomStateEvents(ctx, roomID, []storage.StateKey{{Type: spec.MRoomMember, StateKey: userID}}); err != nil {
 			return "", err
 		} else if len(inv) == 1 {
-			servers = append(servers, serverOf(inv[0].Sender))
+			servers = append(servers, matrixid.Server(inv[0].Sender))
 		}
 	}
-	servers = append(servers, serverOf(roomID))
+	servers = append(servers, matrixid.Server(roomID))
 	var unique []string
 	for _, srv := range servers {
 		if srv != "" && !slices.Contains(unique, srv) {
@@ -92,7 +93,7 @@ func (s *Service) joinsLocally(ctx context.Context, roomID string) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	return len(servers) == 0 && serverOf(roomID) == s.opts.ServerName, nil
+	return len(servers) == 0 && matrixid.Server(roomID) == s.opts.ServerName, nil
 }
 
 // Invite invites a user; a user of another server is invited through

@@ -7,6 +7,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -49,7 +50,7 @@ func (s *Service) redaction(ctx context.Context, ev gomatrixserverlib.PDU) (*sto
 	if err != nil {
 		return nil, err
 	}
-	if serverOf(string(ev.SenderID())) != serverOf(string(target.SenderID())) {
+	if matrixid.Server(string(ev.SenderID())) != matrixid.Server(string(target.SenderID())) {
 		allowed, err := s.mayRedactOthers(ctx, ev.RoomID().String(), ev.SenderID())
 		if err != nil || !allowed {
 			return nil, err

@@ -34,3 +34,10 @@ func printable(s string) bool {
 	}
 	return true
 }
+
+// Server returns the server name of a user ID, room ID or alias (what
+// follows the first colon), "" when there is none.
+func Server(id string) string {
+	_, server, _ := strings.Cut(id, ":")
+	return server
+}

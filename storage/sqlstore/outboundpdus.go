@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -38,7 +39,7 @@ func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members []roomMemb
 	}
 	joined := map[string]bool{}
 	for _, m := range members {
-		if server := serverOf(m.userID); m.membership == storage.MembershipJoin && !excluded(server) {
+		if server := matrixid.Server(m.userID); m.membership == storage.MembershipJoin && !excluded(server) {
 			joined[server] = true
 		}
 	}
@@ -51,7 +52,7 @@ func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members []roomMemb
 		// An invite reached the invitee's server through /invite: it is
 		// sent again only to servers in the room.
 		if ev.Type == "m.room.member" && ev.StateKey != nil && ev.Membership != storage.MembershipInvite {
-			if server := serverOf(*ev.StateKey); !excluded(server) && !joined[server] {
+			if server := matrixid.Server(*ev.StateKey); !excluded(server) && !joined[server] {
 				dests = append(dests, server)
 			}
 		}
@@ -86,12 +87,6 @@ func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members []roomMemb
 		queued = true
 	}
 	return queued, nil
-}
-
-// serverOf is the server name of a user ID ("" when it has none).
-func serverOf(userID string) string {
-	_, server, _ := strings.Cut(userID, ":")
-	return server
 }
 
 // PDUQueueDepth counts the PDUs waiting, once per destination.
