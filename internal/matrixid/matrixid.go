@@ -1,5 +1,6 @@
 // Package matrixid checks the identifiers clients name in requests that
-// this server stores without resolving them (room IDs, session IDs).
+// this server stores without resolving them (room IDs, session IDs), and
+// reads the server name of an ID.
 package matrixid
 
 import (
