@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +118,9 @@ func peerUserIDForSender(_ spec.RoomID, senderID spec.SenderID) (*spec.UserID, e
 // newGmslPeer starts a peer hosting a new public room of version: its
 // creator's create event, join, power levels, join rules and history
 // visibility.
+// peerRooms numbers the peers' rooms.
+var peerRooms atomic.Int64
+
 func newGmslPeer(t testing.TB, version gomatrixserverlib.RoomVersion) *gmslPeer {
 	t.Helper()
 	o := testutil.NewOrigin(t)
@@ -124,7 +128,9 @@ func newGmslPeer(t testing.TB, version gomatrixserverlib.RoomVersion) *gmslPeer 
 		Origin: o, t: t, version: version, impl: gomatrixserverlib.MustGetRoomVersion(version),
 		events: map[string]gomatrixserverlib.PDU{}, stateAfter: map[string]peerState{}, calls: map[string]int{},
 	}
-	p.roomID = "!room:" + o.Name
+	// A room of its own: a peer started later may listen on a port an
+	// earlier one used, and so have its name.
+	p.roomID = fmt.Sprintf("!room%d:%s", peerRooms.Add(1), o.Name)
 	p.creator = p.user("creator")
 	p.keyRing = &gomatrixserverlib.KeyRing{
 		KeyDatabase: &memoryKeys{keys: map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult{}},
