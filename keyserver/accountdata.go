@@ -42,15 +42,12 @@ type AccountDataEvent struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// accountDataSection returns the user's global account data changed in
-// (from, to], nil when there is no account data source.
-func (s *Service) accountDataSection(ctx context.Context, userID string, from, to storage.StreamPos) (*AccountDataSection, error) {
+// accountDataSection returns the user's global account data of changes
+// (those of the answer's range), nil when the service shows no account
+// data.
+func (s *Service) accountDataSection(changes []storage.AccountData) *AccountDataSection {
 	if s.opts.AccountData == nil {
-		return nil, nil
-	}
-	changes, err := s.opts.AccountData.AccountDataChanges(ctx, userID, from, to)
-	if err != nil {
-		return nil, err
+		return nil
 	}
 	section := &AccountDataSection{Events: []AccountDataEvent{}}
 	for _, d := range changes {
@@ -58,39 +55,25 @@ func (s *Service) accountDataSection(ctx context.Context, userID string, from, t
 			section.Events = append(section.Events, AccountDataEvent{Type: d.Type, Content: d.Content})
 		}
 	}
-	return section, nil
+	return section
 }
 
-// accountDataNews reports whether the user's account data changed in
-// (from, to], globally or in a joined room: news that ends a waiting /sync.
-func (s *Service) accountDataNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
-	if s.opts.AccountData == nil {
-		return false, nil
-	}
-	changes, err := s.opts.AccountData.AccountDataChanges(ctx, userID, from, to)
-	if err != nil {
-		return false, err
-	}
-	var rooms []string // the user's joined rooms, read once when needed
-	for _, d := range changes {
-		if d.RoomID == "" {
-			return true, nil
-		}
-		if s.rooms == nil {
-			continue
+// accountDataNews reports whether the user's account data read in d
+// changed, globally or in a joined room: news that ends a waiting /sync.
+func (s *Service) accountDataNews(d storage.SyncData) bool {
+	for _, a := range d.AccountData {
+		if a.RoomID == "" {
+			return true
 		}
 		// A room's account data is news when /sync shows it: in a
 		// room the user is joined to.
-		if rooms == nil {
-			if rooms, err = s.rooms.JoinedRooms(ctx, userID); err != nil {
-				return false, err
-			}
-		}
-		if slices.Contains(rooms, d.RoomID) {
-			return true, nil
+		if s.rooms != nil && slices.ContainsFunc(d.RoomMemberships, func(m storage.RoomMember) bool {
+			return m.RoomID == a.RoomID && m.Membership == storage.MembershipJoin
+		}) {
+			return true
 		}
 	}
-	return false, nil
+	return false
 }
 
 // StreamAdvanced tells this daemon's waiting /sync requests of a change

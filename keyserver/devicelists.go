@@ -84,8 +84,11 @@ type SyncResponse struct {
 // it (see accountdata.go), waiting up to timeout for one to happen if
 // there is none yet; it also returns early when the caller's own key
 // counts change (a key was claimed). It also delivers the device's
-// to-device messages (see todevice.go), and ends the wait for them. Waiting is driven by the notifier:
-// the database is read again only when something was written.
+// to-device messages (see todevice.go), and ends the wait for them.
+// Waiting is driven by the notifier: the database is read again only
+// when something was written. Each read is one statement (SyncData),
+// which has every part of the answer but the rooms' timelines: a woken
+// request that has news answers with what it read.
 func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
 	filter, err := s.syncFilter(ctx, c.UserID, o)
 	if err != nil {
@@ -108,109 +111,90 @@ func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time
 		}
 	}
 	timeout = min(max(timeout, 0), s.opts.SyncMaxTimeout)
+	wait := timeout > 0 && since != ""
+	if !wait {
+		return s.syncAnswer(ctx, c, since != "", sincePos, acked, o, filter)
+	}
+	return s.syncWait(ctx, c, sincePos, acked, timeout, o, filter)
+}
+
+// syncWait answers an incremental /sync once it has news, or at the end
+// of the wait. It is kept apart from Sync, and reads into values it drops
+// before waiting, so that what a waiting request holds is small: its
+// subscription, its timer and the parameters of the answer.
+func (s *Service) syncWait(ctx context.Context, c Caller, sincePos, acked storage.StreamPos, timeout time.Duration, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
 	sub := s.notifier.Subscribe(c.UserID)
 	defer sub.Close()
-	var timer <-chan time.Time
-	if timeout > 0 && since != "" {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		timer = t.C
-	}
-
-	checked := sincePos // changes up to here were looked at and found empty
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
 	for {
-		streamCh := sub.Stream()
-		cur, err := s.db.CurrentPos(ctx)
-		if err != nil {
-			return SyncResponse{}, err
-		}
-		var lists *ChangesResponse
-		news := false // account data changed, or to-device messages wait
-		if since != "" {
-			if sincePos > cur {
-				// A token from the future (another database?): start again
-				// from now rather than miss everything until then.
-				sincePos, checked = cur, cur
-			}
-			if cur > checked {
-				ch, err := s.db.DeviceListChanges(ctx, c.UserID, checked, cur)
-				if err != nil {
-					return SyncResponse{}, err
-				}
-				if len(ch.Changed)+len(ch.Left) > 0 {
-					if checked > sincePos {
-						// Earlier parts of the range were empty; report the whole range.
-						if ch, err = s.db.DeviceListChanges(ctx, c.UserID, sincePos, cur); err != nil {
-							return SyncResponse{}, err
-						}
-					}
-					lists = &ChangesResponse{Changed: ch.Changed, Left: ch.Left}
-				} else if news, err = s.accountDataNews(ctx, c.UserID, checked, cur); err != nil {
-					return SyncResponse{}, err
-				} else if !news {
-					if news, err = s.roomsNews(ctx, c.UserID, checked, cur); err != nil {
-						return SyncResponse{}, err
-					}
-				}
-				checked = cur
-			}
-		}
-		if lists == nil && !news && timer != nil {
-			if news, err = s.toDeviceNews(ctx, c, acked, cur); err != nil {
-				return SyncResponse{}, err
-			}
-		}
-		respond := func(lists *ChangesResponse) (SyncResponse, error) {
-			res, err := s.syncResponse(ctx, c, sincePos, acked, cur, lists)
-			if err == nil {
-				res.Rooms, err = s.roomsSection(ctx, c.UserID, sincePos, cur, o, filter)
-			}
+		res, news, err := s.syncRead(ctx, c, true, true, &sincePos, acked, o, f)
+		if err != nil || news {
 			return res, err
 		}
-		if lists != nil || news || timer == nil {
-			return respond(lists)
-		}
 		select {
-		case <-streamCh:
+		case <-sub.Stream():
 			continue
 		case <-sub.User():
-			return respond(nil)
-		case <-timer:
-			return respond(nil)
+		case <-timer.C:
 		case <-sub.Closing():
-			return respond(nil)
 		case <-ctx.Done():
 			return SyncResponse{}, ctx.Err()
 		}
+		return s.syncAnswer(ctx, c, true, sincePos, acked, o, f)
 	}
 }
 
-// syncResponse answers with the changes in (from, pos]; from 0 (no since):
-// the whole state; and the device's to-device messages after acked.
-func (s *Service) syncResponse(ctx context.Context, c Caller, from, acked, pos storage.StreamPos, lists *ChangesResponse) (SyncResponse, error) {
-	counts, unused, err := s.db.KeyCounts(ctx, c.UserID, c.DeviceID)
+// syncAnswer reads the stream once and answers with what it holds.
+func (s *Service) syncAnswer(ctx context.Context, c Caller, incremental bool, sincePos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+	res, _, err := s.syncRead(ctx, c, incremental, false, &sincePos, acked, o, f)
+	return res, err
+}
+
+// syncRead reads the stream once and returns the answer with whether it
+// has news for a waiting request: device-list changes, account data
+// changes, room events, or to-device messages. With onlyNews the answer
+// is built only when there is news (the request waits on otherwise).
+// A since beyond the stream's position is moved back to it.
+func (s *Service) syncRead(ctx context.Context, c Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
+	d, err := s.db.SyncData(ctx, storage.SyncQuery{UserID: c.UserID, DeviceID: c.DeviceID, Since: *sincePos,
+		ToDeviceAfter: acked, ToDeviceLimit: maxToDevicePerSync})
 	if err != nil {
-		return SyncResponse{}, err
+		return SyncResponse{}, false, err
 	}
-	accountData, err := s.accountDataSection(ctx, c.UserID, from, pos)
-	if err != nil {
-		return SyncResponse{}, err
+	if incremental && *sincePos > d.Pos {
+		// A token from the future (another database?): start again from
+		// now rather than miss everything until then. Nothing is in the
+		// range (since, now], so what was read stands.
+		*sincePos = d.Pos
 	}
-	toDevice, delivered, err := s.toDeviceSection(ctx, c, acked, pos)
-	if err != nil {
-		return SyncResponse{}, err
+	news := len(d.DeviceLists.Changed)+len(d.DeviceLists.Left) > 0 ||
+		(s.opts.ToDevice != nil && len(d.ToDevice) > 0) ||
+		(s.opts.AccountData != nil && s.accountDataNews(d)) ||
+		(s.rooms != nil && len(d.RoomsWithEvents) > 0)
+	if onlyNews && !news {
+		return SyncResponse{}, false, nil
 	}
-	if lists == nil {
-		lists = &ChangesResponse{Changed: []string{}, Left: []string{}}
-	}
-	return SyncResponse{
-		NextBatch:                    s.syncToken(pos, delivered),
+	res, err := s.syncResponse(ctx, c, *sincePos, &d, o, f)
+	return res, news, err
+}
+
+// syncResponse answers with what d holds: the changes in (from, d.Pos];
+// from 0 (no since): the whole state; and the device's to-device
+// messages.
+func (s *Service) syncResponse(ctx context.Context, c Caller, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+	toDevice, delivered := s.toDeviceSection(d.Pos, d.ToDevice)
+	res := SyncResponse{
+		NextBatch:                    s.syncToken(d.Pos, delivered),
 		ToDevice:                     toDevice,
-		DeviceLists:                  lists,
-		DeviceOneTimeKeysCount:       withSignedCurve(counts),
-		DeviceUnusedFallbackKeyTypes: unused,
-		AccountData:                  accountData,
-	}, nil
+		DeviceLists:                  &ChangesResponse{Changed: d.DeviceLists.Changed, Left: d.DeviceLists.Left},
+		DeviceOneTimeKeysCount:       withSignedCurve(d.OneTimeKeyCounts),
+		DeviceUnusedFallbackKeyTypes: d.UnusedFallbackKeyTypes,
+		AccountData:                  s.accountDataSection(d.AccountData),
+	}
+	var err error
+	res.Rooms, err = s.roomsSection(ctx, c.UserID, from, d, o, f)
+	return res, err
 }
 
 // SetMembership records that a user (local or remote) joined or left a

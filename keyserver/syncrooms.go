@@ -14,9 +14,7 @@ import (
 // RoomsSource gives /sync its rooms part (roomserver.Service).
 type RoomsSource interface {
 	Sync(ctx context.Context, req roomserver.SyncRequest) (*roomserver.SyncRooms, error)
-	News(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error)
 	ResolveFilter(ctx context.Context, userID, param string) (roomserver.Filter, error)
-	JoinedRooms(ctx context.Context, userID string) ([]string, error)
 }
 
 // SyncOptions are the parameters of /sync beyond since and timeout.
@@ -37,25 +35,17 @@ func (s *Service) syncFilter(ctx context.Context, userID string, o SyncOptions) 
 	return s.rooms.ResolveFilter(ctx, userID, o.Filter)
 }
 
-// roomsNews reports whether an event of the user's rooms came in (from, to].
-func (s *Service) roomsNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
-	if s.rooms == nil {
-		return false, nil
-	}
-	return s.rooms.News(ctx, userID, from, to)
-}
-
-// roomsSection builds the rooms part for (from, to] (nil without rooms).
-func (s *Service) roomsSection(ctx context.Context, userID string, from, to storage.StreamPos, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
+// roomsSection builds the rooms part for (from, d.Pos] from what d holds
+// (the memberships, the account data) and the rooms' timelines; nil
+// without rooms.
+func (s *Service) roomsSection(ctx context.Context, userID string, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
 	if s.rooms == nil {
 		return nil, nil
 	}
-	req := roomserver.SyncRequest{UserID: userID, From: from, To: to, FullState: o.FullState, Filter: f, Token: streamToken}
+	req := roomserver.SyncRequest{UserID: userID, From: from, To: d.Pos, FullState: o.FullState, Filter: f, Token: streamToken,
+		Memberships: d.RoomMemberships, RoomsWithEvents: d.RoomsWithEvents, HaveMemberships: true}
 	if s.opts.AccountData != nil {
-		var err error
-		if req.AccountData, err = s.opts.AccountData.AccountDataChanges(ctx, userID, from, to); err != nil {
-			return nil, err
-		}
+		req.AccountData = d.AccountData
 	}
 	return s.rooms.Sync(ctx, req)
 }

@@ -72,25 +72,12 @@ func parseToDeviceAck(tok string) (storage.StreamPos, error) {
 	return 0, nil
 }
 
-// toDeviceNews reports whether the device has messages after acked, up to
-// pos: news that ends a waiting /sync.
-func (s *Service) toDeviceNews(ctx context.Context, c Caller, acked, pos storage.StreamPos) (bool, error) {
+// toDeviceSection returns the to_device part of an answer at pos made of
+// msgs (the device's oldest messages after its acknowledged position),
+// and the position up to which the answer delivers them.
+func (s *Service) toDeviceSection(pos storage.StreamPos, msgs []storage.ToDeviceMessage) (*ToDeviceSection, storage.StreamPos) {
 	if s.opts.ToDevice == nil {
-		return false, nil
-	}
-	msgs, err := s.opts.ToDevice.ToDeviceMessages(ctx, c.UserID, c.DeviceID, acked, pos, 1)
-	return len(msgs) > 0, err
-}
-
-// toDeviceSection returns the device's oldest messages after acked, up to
-// pos, and the position up to which the answer delivers them.
-func (s *Service) toDeviceSection(ctx context.Context, c Caller, acked, pos storage.StreamPos) (*ToDeviceSection, storage.StreamPos, error) {
-	if s.opts.ToDevice == nil {
-		return nil, 0, nil
-	}
-	msgs, err := s.opts.ToDevice.ToDeviceMessages(ctx, c.UserID, c.DeviceID, acked, pos, maxToDevicePerSync)
-	if err != nil {
-		return nil, 0, err
+		return nil, 0
 	}
 	section := &ToDeviceSection{Events: make([]ToDeviceEvent, 0, len(msgs))}
 	for _, m := range msgs {
@@ -101,7 +88,7 @@ func (s *Service) toDeviceSection(ctx context.Context, c Caller, acked, pos stor
 		// More may wait: the next answer starts after the last one here.
 		delivered = msgs[len(msgs)-1].Pos
 	}
-	return section, delivered, nil
+	return section, delivered
 }
 
 // OutboundQueued says EDUs were queued for other servers (to-device

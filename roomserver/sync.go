@@ -26,7 +26,6 @@ import (
 // SyncStore is what /sync and filters read and write of rooms.
 type SyncStore interface {
 	RoomTimeline(ctx context.Context, roomID string, from, to storage.StreamPos, limit int) ([]storage.RoomEvent, bool, error)
-	RoomNews(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error)
 	PutSyncFilter(ctx context.Context, userID string, filter []byte) (int64, error)
 	SyncFilter(ctx context.Context, userID string, id int64) ([]byte, error)
 }
@@ -144,6 +143,14 @@ type SyncRequest struct {
 	AccountData []storage.AccountData
 	// Token formats a stream position as a /sync token (prev_batch).
 	Token func(storage.StreamPos) string
+	// Memberships are the user's memberships (UserRoomMemberships) and
+	// RoomsWithEvents the rooms among them with an event in the range,
+	// sorted, when HaveMemberships: read with the rest of the answer,
+	// they are not read again, and a joined room without events in the
+	// range has no timeline to read.
+	Memberships     []storage.RoomMember
+	RoomsWithEvents []string
+	HaveMemberships bool
 }
 
 // SyncRooms is the rooms part of a /sync answer.
@@ -203,12 +210,6 @@ func (r *SyncRooms) Empty() bool {
 	return r == nil || len(r.Join)+len(r.Invite)+len(r.Leave) == 0
 }
 
-// News reports whether a room event of the user's rooms is in (from, to]:
-// news that ends a waiting /sync.
-func (s *Service) News(ctx context.Context, userID string, from, to storage.StreamPos) (bool, error) {
-	return s.db.RoomNews(ctx, userID, from, to)
-}
-
 // strippedTypes are the state an invitee is shown of the room.
 var strippedTypes = []string{
 	spec.MRoomCreate, spec.MRoomName, "m.room.avatar", spec.MRoomTopic, spec.MRoomJoinRules,
@@ -218,9 +219,12 @@ var strippedTypes = []string{
 // Sync builds the rooms part of /sync for the range (From, To].
 func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error) {
 	out := &SyncRooms{Join: map[string]*JoinedRoom{}, Invite: map[string]*InvitedRoom{}, Leave: map[string]*LeftRoom{}}
-	memberships, err := s.db.UserRoomMemberships(ctx, req.UserID)
-	if err != nil {
-		return nil, err
+	memberships := req.Memberships
+	if !req.HaveMemberships {
+		var err error
+		if memberships, err = s.db.UserRoomMemberships(ctx, req.UserID); err != nil {
+			return nil, err
+		}
 	}
 	roomData := map[string][]AccountDataEvent{}
 	for _, d := range req.AccountData {
@@ -238,11 +242,16 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 		case spec.Join:
 			// A user who joined in the range gets the room's whole state.
 			full := req.From == 0 || req.FullState || m.Pos > req.From
+			data := roomData[m.RoomID]
+			if !full && len(data) == 0 && req.HaveMemberships {
+				if _, events := slices.BinarySearch(req.RoomsWithEvents, m.RoomID); !events {
+					continue // nothing to show: its timeline in the range is empty
+				}
+			}
 			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, req.To, limit, full)
 			if err != nil {
 				return nil, err
 			}
-			data := roomData[m.RoomID]
 			if len(timeline.Events) == 0 && len(data) == 0 && !full {
 				continue
 			}

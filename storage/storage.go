@@ -143,6 +143,41 @@ type DeviceListChanges struct {
 	Left    []string
 }
 
+// SyncQuery asks for what the stream holds for one /sync answer of a
+// device: the parts of (Since, Pos], Pos being the newest position when
+// it is read.
+type SyncQuery struct {
+	UserID, DeviceID string
+	// Since is the answer's token position; 0 for an initial sync, which
+	// has no device-list changes and all of the user's account data.
+	Since StreamPos
+	// ToDeviceAfter is the position up to which the device received its
+	// to-device messages; at most ToDeviceLimit are returned after it.
+	ToDeviceAfter StreamPos
+	ToDeviceLimit int
+}
+
+// SyncData is what the stream holds for one /sync answer, read at once
+// from one snapshot of the database: every part stops at Pos.
+type SyncData struct {
+	Pos         StreamPos
+	DeviceLists DeviceListChanges // empty lists for an initial sync
+	// OneTimeKeyCounts and UnusedFallbackKeyTypes are the device's (now).
+	OneTimeKeyCounts       map[string]int
+	UnusedFallbackKeyTypes []string
+	// AccountData are the user's account data changes in the range, in
+	// the order of the changes (as AccountDataChanges returns them).
+	AccountData []AccountData
+	// ToDevice are the device's oldest messages in (ToDeviceAfter, Pos].
+	ToDevice []ToDeviceMessage
+	// RoomMemberships are the user's room memberships (as
+	// UserRoomMemberships returns them); RoomsWithEvents the rooms of
+	// any membership of the user's with an event in the range (Since 0:
+	// any event), sorted.
+	RoomMemberships []RoomMember
+	RoomsWithEvents []string
+}
+
 // ServerKey is another server's signing key.
 type ServerKey struct {
 	ServerName   string
@@ -373,6 +408,9 @@ type Database interface {
 	// Device-list stream and membership.
 	CurrentPos(ctx context.Context) (StreamPos, error)
 	DeviceListChanges(ctx context.Context, userID string, from, to StreamPos) (DeviceListChanges, error)
+	// SyncData reads what the stream holds for a /sync answer in one
+	// statement, so that every part comes from the same snapshot.
+	SyncData(ctx context.Context, q SyncQuery) (SyncData, error)
 	// SetMembership records a membership; it also starts tracking remote
 	// users who now share a room with a local user (marked stale, returned
 	// in NewlyStale) and forgets those who no longer share any.

@@ -40,7 +40,7 @@ func placeholdersInOrder(q string) (count int, bad string) {
 // to a value, such as a dialect's FOR UPDATE, checked on its own).
 func TestPlaceholdersAppearInOrder(t *testing.T) {
 	checked := 0
-	byValue := map[string]string{"changedQuery": changedQuery, "leftQuery": leftQuery}
+	byValue := map[string]string{"changedQuery": changedQuery, "leftQuery": leftQuery, "syncDataQuery": syncDataQuery}
 	for name, q := range byValue {
 		n, bad := placeholdersInOrder(q)
 		if bad != "" {

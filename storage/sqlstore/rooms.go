@@ -604,20 +604,6 @@ func (s *Store) RoomTimeline(ctx context.Context, roomID string, from, to storag
 	return evs, limited, nil
 }
 
-// RoomNews reports whether an event of a room the user has a membership
-// of has a position in (from, to].
-func (s *Store) RoomNews(ctx context.Context, userID string, from, to storage.StreamPos) (_ bool, err error) {
-	defer named("RoomNews", &err)
-	if to <= from {
-		return false, nil
-	}
-	var n int
-	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM room_current_state c
-		JOIN room_events e ON e.room_id = c.room_id
-		WHERE c.event_type = 'm.room.member' AND c.state_key = $1 AND e.pos > $2 AND e.pos <= $3 LIMIT 1) news`, userID, from, to).Scan(&n)
-	return n > 0, err
-}
-
 // PutSyncFilter stores a user's filter and returns its ID, the user's
 // next number.
 func (s *Store) PutSyncFilter(ctx context.Context, userID string, filter []byte) (_ int64, err error) {

@@ -1,0 +1,97 @@
+package keyserver
+
+import (
+	"context"
+	"io"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/keyserver/keyserver/internal/testdb"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// A waiting /sync costs one statement to start waiting and one when a
+// change wakes it, whatever parts the answer has (device lists, key
+// counts, account data, to-device messages): every statement the store
+// sends is counted, the change's own subtracted.
+func TestWokenSyncIsOneStatement(t *testing.T) {
+	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
+		ctx := context.Background()
+		log := logrus.New()
+		log.SetOutput(io.Discard)
+		store := openTestDB(t, tdb)
+		s := New(store, Options{ServerName: "local.test", BcryptCost: 4, Logger: log, AccountData: store, ToDevice: store})
+		alice, err := s.CreateUser(ctx, "alice", "pw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetMembership(ctx, "!shared:local.test", alice, storage.MembershipJoin); err != nil {
+			t.Fatal(err)
+		}
+		const waiters = 5
+		var mates []string
+		for i := 0; i < waiters; i++ {
+			u, err := s.CreateUser(ctx, "mate"+strconv.Itoa(i), "pw")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SetMembership(ctx, "!shared:local.test", u, storage.MembershipJoin); err != nil {
+				t.Fatal(err)
+			}
+			mates = append(mates, u)
+		}
+		pw, dev := "pw", "PHONE"
+		login, err := s.Login(ctx, LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rename := func(name string) int64 {
+			before := store.StatementsSent()
+			if err := s.RenameDevice(ctx, Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
+				t.Fatal(err)
+			}
+			return store.StatementsSent() - before
+		}
+		rename("warm")
+		change := rename("measured") // what the change itself sends
+
+		since, err := store.CurrentPos(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type answer struct {
+			res SyncResponse
+			err error
+		}
+		before := store.StatementsSent()
+		answers := make(chan answer, waiters)
+		for _, u := range mates {
+			go func() {
+				res, err := s.Sync(ctx, Caller{UserID: u, DeviceID: "X"}, streamToken(since), time.Minute, SyncOptions{})
+				answers <- answer{res, err}
+			}()
+		}
+		waitFor(t, "all to wait", func() bool { return s.WaitingSyncs() == waiters })
+		rename("woken")
+		for range mates {
+			select {
+			case a := <-answers:
+				if a.err != nil || len(a.res.DeviceLists.Changed) != 1 || a.res.DeviceLists.Changed[0] != alice ||
+					a.res.AccountData == nil || a.res.ToDevice == nil || a.res.DeviceOneTimeKeysCount == nil {
+					t.Fatalf("woken sync: %+v %v", a.res, a.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("a waiting sync did not answer")
+			}
+		}
+		sent := store.StatementsSent() - before - change
+		// One to start waiting and one once woken; a request that started
+		// after the change answers from its first read.
+		if sent > 2*waiters {
+			t.Fatalf("%d waiting syncs sent %d statements beyond the change's %d, want at most %d", waiters, sent, change, 2*waiters)
+		}
+	})
+}
