@@ -56,3 +56,38 @@ func (s *Store) MigrationStatements(v int) []string {
 	}
 	return nil
 }
+
+// TestWrite runs fn as a write transaction of the store (exec runs a
+// statement in it, pos takes the next stream position).
+func (s *Store) TestWrite(ctx context.Context, fn func(exec func(query string, args ...any) error, pos func() error) error) (storage.Change, error) {
+	return s.writeChange(ctx, func(tx *txn) error {
+		exec := func(query string, args ...any) error {
+			_, err := tx.ExecContext(ctx, query, args...)
+			return err
+		}
+		pos := func() error {
+			_, err := s.nextPos(ctx, tx)
+			return err
+		}
+		return fn(exec, pos)
+	})
+}
+
+// QueuedWrites is how many writes wait for SQLite's writer (0 on
+// PostgreSQL), and Batches how many transactions it has committed or
+// rolled back.
+func (s *Store) QueuedWrites() int {
+	if s.batcher == nil {
+		return 0
+	}
+	s.batcher.mu.Lock()
+	defer s.batcher.mu.Unlock()
+	return len(s.batcher.queue)
+}
+
+func (s *Store) Batches() int64 {
+	if s.batcher == nil {
+		return 0
+	}
+	return s.batcher.batches.Load()
+}

@@ -61,7 +61,7 @@ func (s *Store) BackupVersion(ctx context.Context, userID string, version int64)
 // storage.ErrNotFound. Its keys, etag and count stay as they are.
 func (s *Store) UpdateBackupVersion(ctx context.Context, userID string, version int64, authData []byte) (err error) {
 	defer named("UpdateBackupVersion", &err)
-	return s.writeStatements(ctx, func(q pool) error {
+	return s.writeStatements(ctx, func(q querier) error {
 		res, err := q.ExecContext(ctx, `UPDATE backup_versions SET auth_data = $1 WHERE user_id = $2 AND version = $3`,
 			string(authData), userID, version)
 		if err != nil {

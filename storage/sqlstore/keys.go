@@ -293,7 +293,7 @@ func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) (_ [
 		return nil
 	}
 	if len(reqs) == 1 {
-		err = s.writeStatements(ctx, func(q pool) error { return claim(q) })
+		err = s.writeStatements(ctx, func(q querier) error { return claim(q) })
 	} else {
 		err = s.write(ctx, func(tx *txn) error { return claim(tx) })
 	}

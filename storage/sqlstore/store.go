@@ -47,6 +47,9 @@ type Store struct {
 	wdb *sql.DB
 	// lite is the SQLite database behind db and wdb (nil on PostgreSQL).
 	lite *sqlite3.DB
+	// batcher writes SQLite's writes, several to a commit (nil on
+	// PostgreSQL, where each write is a transaction of its own).
+	batcher *writeBatcher
 	// q runs the store's statements on db, prepared once and reused;
 	// wstmts are the write pool's prepared statements.
 	q      pool
@@ -120,6 +123,9 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
 		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000)}
+	if lite != nil {
+		s.batcher = newWriteBatcher(s)
+	}
 	if err := db.PingContext(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
@@ -185,6 +191,9 @@ func (s *Store) Ping(ctx context.Context) (err error) {
 
 // Close closes the pool.
 func (s *Store) Close() error {
+	if s.batcher != nil {
+		s.batcher.close()
+	}
 	s.stmts.close()
 	if s.wstmts != s.stmts {
 		s.wstmts.close()
@@ -208,9 +217,13 @@ func (s *Store) writeTurn() (end func()) {
 
 // writeStatements runs fn's statements on the write pool without a
 // transaction around them, each one a transaction by itself; on SQLite
-// they still take their turn with the write transactions.
-func (s *Store) writeStatements(ctx context.Context, fn func(q pool) error) error {
-	defer s.writeTurn()()
+// they go with the other writes waiting (see writeBatcher), in a savepoint
+// of their transaction.
+func (s *Store) writeStatements(ctx context.Context, fn func(q querier) error) error {
+	if s.batcher != nil {
+		_, err := s.batcher.write(&pendingWrite{ctx: ctx, stmts: fn})
+		return err
+	}
 	return fn(pool{db: s.wdb, cache: s.wstmts})
 }
 
@@ -221,8 +234,12 @@ func (s *Store) write(ctx context.Context, fn func(tx *txn) error) error {
 }
 
 // writeChange is write, returning what the transaction did to the stream.
+// On SQLite the transaction is a savepoint of one that holds the other
+// writes waiting too (see writeBatcher).
 func (s *Store) writeChange(ctx context.Context, fn func(tx *txn) error) (storage.Change, error) {
-	defer s.writeTurn()()
+	if s.batcher != nil {
+		return s.batcher.write(&pendingWrite{ctx: ctx, fn: fn})
+	}
 	s.wstmts.sent.Add(2) // BEGIN and COMMIT (or ROLLBACK)
 	tx, err := s.wdb.BeginTx(s.wstmts.statementContext(ctx), nil)
 	if err != nil {

@@ -36,7 +36,7 @@ func (s *Store) UIASession(ctx context.Context, sessionID string, now int64) (_ 
 func (s *Store) ConsumeUIASession(ctx context.Context, sessionID string) (_ bool, err error) {
 	defer named("ConsumeUIASession", &err)
 	var n int64
-	err = s.writeStatements(ctx, func(q pool) error {
+	err = s.writeStatements(ctx, func(q querier) error {
 		r, err := q.ExecContext(ctx, `DELETE FROM uia_sessions WHERE session_id = $1`, sessionID)
 		if err != nil {
 			return err
