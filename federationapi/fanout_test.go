@@ -25,8 +25,9 @@ import (
 // and signing key) logs in a new device, and every server must get the
 // update. It reports how long the last one took, the most goroutines and
 // heap seen meanwhile next to the idle level (peers included: they run
-// in this process), and the latency of /user/keys/query sent by another
-// server (50 a second) while the fan-out runs.
+// in this process), the latency of /user/keys/query sent by another
+// server (50 a second) while the fan-out runs, and how often requests and
+// workers waited for a connection of the database pool meanwhile.
 //
 // The suite runs it with 20 peers; KEYSERVER_FANOUT_PEERS=1000 gives the
 // figure: KEYSERVER_FANOUT_PEERS=1000 scripts/with-postgres.sh go test
@@ -127,6 +128,7 @@ func TestFanOut(t *testing.T) {
 			t.Fatal("the first key query took over a minute")
 		}
 
+		pool0 := node.Store.DB().Stats()
 		start := time.Now()
 		node.Login(t, alice, newDevice)
 		maxGoroutines, maxHeap := 0, uint64(0)
@@ -150,6 +152,7 @@ func TestFanOut(t *testing.T) {
 		}
 		close(stop)
 		probes.Wait()
+		pool1 := node.Store.DB().Stats()
 		if got != peers {
 			t.Fatalf("%d of %d servers got the new device within 2 minutes", got, peers)
 		}
@@ -163,9 +166,11 @@ func TestFanOut(t *testing.T) {
 			p99 = lat[min(len(lat)-1, len(lat)*99/100)]
 		}
 		t.Logf("fan-out to %d servers (%d sender workers): the last had the update after %s; goroutines %d idle, at most %d during; "+
-			"heap in use %.1f MB idle, at most %.1f MB during; /user/keys/query from another server meanwhile: %d, p99 %s",
+			"heap in use %.1f MB idle, at most %.1f MB during; /user/keys/query from another server meanwhile: %d, p99 %s; "+
+			"waits for a database connection meanwhile: %d (%s)",
 			peers, workers, time.Duration(last-start.UnixNano()).Round(time.Millisecond), idleGoroutines, maxGoroutines,
-			float64(idle.HeapInuse)/(1<<20), float64(maxHeap)/(1<<20), len(lat), p99.Round(time.Microsecond))
+			float64(idle.HeapInuse)/(1<<20), float64(maxHeap)/(1<<20), len(lat), p99.Round(time.Microsecond),
+			pool1.WaitCount-pool0.WaitCount, (pool1.WaitDuration - pool0.WaitDuration).Round(time.Millisecond))
 	})
 }
 

@@ -84,6 +84,9 @@ type Options struct {
 	DeviceNames bool
 	// Workers is the number of destinations sent to at once (default 32).
 	Workers int
+	// DatabaseSlots is how many database calls the workers make at once
+	// (default DefaultDatabaseSlots; see slots).
+	DatabaseSlots int
 	// MinRetry and MaxRetry bound the backoff (defaults 5 s and 1 h).
 	MinRetry, MaxRetry time.Duration
 	// Sweep is how often every destination's queue is looked at, to pick up
@@ -112,11 +115,12 @@ const (
 
 // Sender delivers queued device-list updates.
 type Sender struct {
-	db    Store
-	tr    Transport
-	o     Options
-	owner string // this daemon's name in leases
-	txn   atomic.Int64
+	db      Store // its calls take one of dbSlots
+	dbSlots *slots
+	tr      Transport
+	o       Options
+	owner   string // this daemon's name in leases
+	txn     atomic.Int64
 	// dbErrs rate-limits the database errors' log lines.
 	dbErrs *lograte.Limiter
 
@@ -167,6 +171,17 @@ func New(db Store, tr Transport, o Options) *Sender {
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
 	}
+	if o.DatabaseSlots <= 0 {
+		o.DatabaseSlots = DefaultDatabaseSlots
+	}
+	sl := newSlots(o.DatabaseSlots)
+	db = slotStore{db: db, slots: sl}
+	if o.ToDevice != nil {
+		o.ToDevice = slotEDUs{q: o.ToDevice, slots: sl}
+	}
+	if o.PDUs != nil {
+		o.PDUs = slotPDUs{q: o.PDUs, slots: sl}
+	}
 	if o.MinRetry <= 0 {
 		o.MinRetry = 5 * time.Second
 	}
@@ -187,7 +202,7 @@ func New(db Store, tr Transport, o Options) *Sender {
 	}
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	s := &Sender{db: db, tr: tr, o: o, owner: hex.EncodeToString(b),
+	s := &Sender{db: db, tr: tr, o: o, owner: hex.EncodeToString(b), dbSlots: sl,
 		poke: make(chan struct{}, 1), sched: make(chan struct{}, 1),
 		dests:  map[string]*destination{},
 		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}

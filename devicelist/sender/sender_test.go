@@ -444,3 +444,33 @@ func TestDatabaseTroubleKeepsTheBackoff(t *testing.T) {
 		t.Fatalf("database trouble moved the retry from %v to %v", retryAt, d.retryAt)
 	}
 }
+
+// However many workers there are, they make at most DatabaseSlots
+// database calls at once, leaving the rest of the pool to requests; the
+// others wait for a slot, and every destination is still served.
+func TestWorkersShareFewDatabaseSlots(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	q := newFakeQueue()
+	for i := 0; i < 20; i++ {
+		q.add(fmt.Sprintf("s%02d.test", i), 1)
+	}
+	held := make(chan struct{})
+	q.mu.Lock()
+	q.hold["AcquireDestination"] = held
+	q.mu.Unlock()
+	tr := &blockingTransport{delivered: map[string]int{}, release: make(chan struct{})}
+	close(tr.release)
+	s := New(q, tr, Options{ServerName: "local.test", Workers: 6, DatabaseSlots: 2, Clock: clock.NewFake(),
+		Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	workertest.WaitUntil(t, "two workers in the database and four waiting for a slot", func() bool {
+		return q.blocked("AcquireDestination") == 2 && s.dbSlots.waiting.Load() == 4
+	})
+	q.mu.Lock()
+	delete(q.hold, "AcquireDestination")
+	q.mu.Unlock()
+	close(held)
+	workertest.WaitUntil(t, "every destination", func() bool { _, _, d := tr.state(); return d == 20 && s.Busy() == 0 })
+}
