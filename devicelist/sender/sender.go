@@ -119,7 +119,7 @@ type Sender struct {
 	dbSlots *slots
 	tr      Transport
 	o       Options
-	owner   string // this daemon's name in leases
+	owner   string // this daemon's name in leases and transaction IDs
 	txn     atomic.Int64
 	// dbErrs rate-limits the database errors' log lines.
 	dbErrs *lograte.Limiter
@@ -465,7 +465,7 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			return
 		}
 		d.batch, d.toDev, d.pdus, d.attempt = batch, toDev, pdus, 0
-		d.txnID = strconv.FormatInt(s.txn.Add(1), 10)
+		d.txnID = s.nextTxnID()
 		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli(), PDUs: pduJSON(pdus)}
 		for _, u := range batch {
 			d.txn.EDUs = append(d.txn.EDUs, s.edu(log, u))
@@ -523,6 +523,16 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		log.WithError(err).Warn("transaction cannot be delivered; retrying with backoff")
 	}
 	s.setAside(d, s.o.Clock.Now().Add(wait))
+}
+
+// nextTxnID names a new transaction. A server that receives it takes a
+// transaction ID it has seen from this server before for a retry, and
+// answers it without reading it. Daemons sharing a database are one
+// server, and their counters (each starting from the time it started)
+// meet once one has sent as many transactions as milliseconds passed
+// between their starts: the daemon's name in front keeps their IDs apart.
+func (s *Sender) nextTxnID() string {
+	return s.owner + "." + strconv.FormatInt(s.txn.Add(1), 10)
 }
 
 func later(a, b time.Time) time.Time {

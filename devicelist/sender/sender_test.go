@@ -474,3 +474,28 @@ func TestWorkersShareFewDatabaseSlots(t *testing.T) {
 	close(held)
 	workertest.WaitUntil(t, "every destination", func() bool { _, _, d := tr.state(); return d == 20 && s.Busy() == 0 })
 }
+
+// Two daemons sharing a database are one server to the servers they send
+// to, which take a transaction ID seen before for a retry: their
+// transaction IDs never meet, even when both start in the same
+// millisecond.
+func TestDaemonsNeverShareTransactionIDs(t *testing.T) {
+	clk := clock.NewFake()
+	seen := map[string]bool{}
+	for range 2 {
+		q := newFakeQueue()
+		q.add("remote.test", 3)
+		tr := &scriptedTransport{}
+		s := startTest(q, tr, Options{Clock: clk})
+		s.Poke()
+		s.WakeAll(context.Background())
+		s.process(context.Background(), take(t, s))
+		if len(tr.ids) != 1 {
+			t.Fatalf("%d transactions sent, want 1", len(tr.ids))
+		}
+		if seen[tr.ids[0]] {
+			t.Fatalf("two daemons both sent transaction %q", tr.ids[0])
+		}
+		seen[tr.ids[0]] = true
+	}
+}
