@@ -26,7 +26,9 @@ type fakeRemote struct {
 	stream  int64
 	resyncs atomic.Int32
 	broken  atomic.Bool // /user/devices answers 500
-	txn     int
+	// hold, when set, keeps /user/devices from answering until closed.
+	hold atomic.Pointer[chan struct{}]
+	txn  int
 }
 
 func newFakeRemote(t *testing.T, localpart string) *fakeRemote {
@@ -38,6 +40,9 @@ func newFakeRemote(t *testing.T, localpart string) *fakeRemote {
 			return
 		}
 		f.resyncs.Add(1)
+		if hold := f.hold.Load(); hold != nil {
+			<-*hold
+		}
 		if f.broken.Load() {
 			w.WriteHeader(http.StatusInternalServerError)
 			return
@@ -342,4 +347,45 @@ func TestSendTransactionLimits(t *testing.T) {
 	if r := testutil.SendTo(t, a, req); r.Status != 401 {
 		t.Fatalf("unsigned send: %d", r.Status)
 	}
+}
+
+// Clients asking at once for a remote user whose list must be fetched
+// share one fetch: the user's server gets one request, not one per query.
+func TestConcurrentQueriesShareOneFetch(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		node := testutil.StartNode(t, db, nil)
+		alice := node.Register(t, "alice", "")
+		carol := newFakeRemote(t, "carol")
+		carol.addDevice("D0")
+		hold := make(chan struct{})
+		carol.hold.Store(&hold)
+		var once sync.Once
+		release := func() { once.Do(func() { close(hold) }) }
+		defer release()
+		const queries = 10
+		before := node.Store.StatementsSent()
+		answers := make(chan int, queries)
+		for range queries {
+			go func() {
+				answers <- loadRequest(node, "/_matrix/client/v3/keys/query", alice.Token,
+					map[string]any{"device_keys": map[string]any{carol.user: []string{}}})
+			}()
+		}
+		// Each query reads the cache before it fetches.
+		eventually(t, "every query to have read the cache and the first fetch to start", func() bool {
+			return node.Store.StatementsSent()-before >= queries && carol.resyncs.Load() >= 1
+		})
+		release()
+		for range queries {
+			if status := <-answers; status != http.StatusOK {
+				t.Fatalf("query: %d", status)
+			}
+		}
+		if n := carol.resyncs.Load(); n != 1 {
+			t.Fatalf("%d concurrent queries fetched carol's list %d times, want once", queries, n)
+		}
+		if got := deviceIDs(t, node, alice, carol.user); !sameSet(got, "D0") {
+			t.Fatalf("devices %v", got)
+		}
+	})
 }

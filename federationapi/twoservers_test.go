@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -172,19 +170,7 @@ func TestLeaveAndRejoin(t *testing.T) {
 func TestSharedDatabaseSeesSendAtOnce(t *testing.T) {
 	db := testutil.Postgres(t)
 	a1 := testutil.StartNode(t, db, nil)
-	// The second daemon is the same server: same name, same signing key.
-	key, err := os.ReadFile(a1.Config.SigningKeyFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPath := filepath.Join(t.TempDir(), "signing.key")
-	if err := os.WriteFile(keyPath, key, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a2 := testutil.StartNode(t, db, func(c *config.Config) {
-		c.ServerName = a1.ServerName
-		c.SigningKeyPath = keyPath
-	})
+	a2 := sameServer(t, db, a1)
 	alice := a1.Register(t, "alice", "")
 	carol := newFakeRemote(t, "carol")
 	carol.addDevice("D0")

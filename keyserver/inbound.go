@@ -246,7 +246,7 @@ func (s *Service) resyncWithin(ctx context.Context, server string, users map[str
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := s.ResyncRemoteUser(ctx, server, u); err != nil {
+			if _, err := s.freshResync(ctx, server, u); err != nil {
 				log.WithFields(logrus.Fields{"user_id": u, "error": err.Error()}).Debug("resync for an incoming update failed; left to the updater")
 				mu.Lock()
 				failed = true

@@ -144,7 +144,7 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := s.ResyncRemoteUser(ctx, server, u)
+			l, err := s.sharedResync(ctx, server, u)
 			out[i] = fetched{l, err}
 		}()
 	}
@@ -173,6 +173,48 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 		}
 	}
 	return cached, firstErr
+}
+
+// sharedResyncTimeout bounds a fetch shared by several queries, which
+// goes on when the query that started it gives up.
+const sharedResyncTimeout = 30 * time.Second
+
+// sharedResync is ResyncRemoteUser for queries: the queries that need a
+// user's list while it is being fetched wait for that fetch instead of
+// each sending their own, so that clients asking at once for a user whose
+// list is stale make one request to the user's server.
+func (s *Service) sharedResync(ctx context.Context, server, userID string) (*storage.RemoteDeviceList, error) {
+	return s.joinResync(ctx, server, userID, false)
+}
+
+// freshResync is the resync an incoming update needs: a fetch begun
+// before the update arrived may miss it, so it starts one of its own, which
+// the queries that come after it then share.
+func (s *Service) freshResync(ctx context.Context, server, userID string) (*storage.RemoteDeviceList, error) {
+	return s.joinResync(ctx, server, userID, true)
+}
+
+func (s *Service) joinResync(ctx context.Context, server, userID string, fresh bool) (*storage.RemoteDeviceList, error) {
+	if s.fed == nil {
+		return nil, errNoFederation
+	}
+	if fresh {
+		s.resyncs.Forget(userID)
+	}
+	ch := s.resyncs.DoChan(userID, func() (any, error) {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sharedResyncTimeout)
+		defer cancel()
+		return s.ResyncRemoteUser(fctx, server, userID)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*storage.RemoteDeviceList), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // ResyncRemoteUser fetches a remote user's whole device list, checks it,

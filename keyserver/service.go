@@ -6,6 +6,7 @@ package keyserver
 
 import (
 	"context"
+	"golang.org/x/sync/singleflight"
 	"sync"
 	"time"
 
@@ -70,10 +71,13 @@ type Options struct {
 
 // Service is the keyserver's domain layer.
 type Service struct {
-	db        storage.Database
-	fed       Federation
-	sender    *sender.Sender
-	updater   *updater.Updater
+	db      storage.Database
+	fed     Federation
+	sender  *sender.Sender
+	updater *updater.Updater
+	// resyncs shares one fetch of a remote user's list among the queries
+	// that need it at once (see ResyncRemoteUser).
+	resyncs   singleflight.Group
 	opts      Options
 	notifier  *syncnotify.Notifier
 	log       logrus.FieldLogger
