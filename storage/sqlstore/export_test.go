@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"strings"
-	"sync"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -56,28 +55,4 @@ func (s *Store) MigrationStatements(v int) []string {
 		}
 	}
 	return nil
-}
-
-// HoldClaims makes claims run one group at a time, and the next group's
-// leader wait, once it is ready to take its group, until release is
-// called; waiting counts the calls in the queue (the leader's included).
-// It must be called before any claim.
-func (s *Store) HoldClaims() (waiting func() int, release func()) {
-	held := make(chan struct{})
-	var once sync.Once
-	s.claims.max = 1
-	s.claims.beforeGroup = func() { <-held }
-	waiting = func() int {
-		s.claims.mu.Lock()
-		defer s.claims.mu.Unlock()
-		return len(s.claims.waiting)
-	}
-	return waiting, func() { once.Do(func() { close(held) }) }
-}
-
-// ClaimGroups counts the claim groups of more than one call run so far.
-func (s *Store) ClaimGroups() int {
-	s.claims.mu.Lock()
-	defer s.claims.mu.Unlock()
-	return s.claims.groups
 }

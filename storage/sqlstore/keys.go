@@ -272,17 +272,12 @@ func countKeysQuery(keys []storage.Key, from int) (string, []any) {
 // the fallback key, which stays stored and is marked used. Requests that
 // find neither are left out of the result. Callers order the requests by
 // user and device, so that concurrent claims lock count rows in one order.
-// Concurrent calls share one transaction (see claimQueue).
+//
+// A claim of a single key needs no transaction around its statement: the
+// statement is one by itself, count included, and PostgreSQL is spared the
+// round trips of BEGIN and COMMIT.
 func (s *Store) ClaimKeys(ctx context.Context, reqs []storage.ClaimRequest) (_ []storage.ClaimedKey, err error) {
 	defer named("ClaimKeys", &err)
-	return s.claims.do(ctx, reqs, s.claimGroup)
-}
-
-// claimAlone runs one ClaimKeys call by itself. A claim of a single key
-// needs no transaction around its statement: the statement is one by
-// itself, count included, and PostgreSQL is spared the round trips of
-// BEGIN and COMMIT.
-func (s *Store) claimAlone(ctx context.Context, reqs []storage.ClaimRequest) ([]storage.ClaimedKey, error) {
 	var out []storage.ClaimedKey
 	claim := func(q querier) error {
 		out = out[:0]
@@ -297,7 +292,6 @@ func (s *Store) claimAlone(ctx context.Context, reqs []storage.ClaimRequest) ([]
 		}
 		return nil
 	}
-	var err error
 	if len(reqs) == 1 {
 		err = s.writeStatements(ctx, func(q pool) error { return claim(q) })
 	} else {

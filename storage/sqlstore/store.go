@@ -59,9 +59,7 @@ type Store struct {
 	devices *userCache[*cachedKeys]
 	// roomMembers keeps rooms' members by state snapshot.
 	roomMembers memberCache
-	// claims combines concurrent ClaimKeys calls (see claimQueue).
-	claims *claimQueue
-	d      dialect
+	d           dialect
 	// serverName tells local users (whose changes go out over federation)
 	// from remote ones.
 	serverName string
@@ -121,8 +119,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
-		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000),
-		claims:  &claimQueue{max: claimGroups(d)}}
+		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000)}
 	if err := db.PingContext(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
