@@ -469,31 +469,53 @@ func (s *Service) localKeys(ctx context.Context, users map[string][]string, view
 	}
 	for userID, k := range all {
 		want := users[userID]
-		sigs := crosssigning.ByTarget(k.Signatures, userID, viewer)
-		for _, d := range k.Devices {
-			if len(want) > 0 && !contains(want, d.DeviceID) {
-				continue
-			}
-			name := d.DisplayName
-			if !withNames {
-				name = nil
-			}
-			js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+		devices := out.DeviceKeys[userID]
+		if !seesOwnSignatures(k, userID, viewer) {
+			// What everyone sees: built once per cached copy of the keys.
+			a, err := answerOf(userID, k)
 			if err != nil {
 				return out, err
 			}
-			keys, err := withUnsigned(js, name)
-			if err != nil {
-				return out, err
+			for _, d := range a.devices {
+				if len(want) > 0 && !contains(want, d.id) {
+					continue
+				}
+				if withNames {
+					devices[d.id] = d.named
+				} else {
+					devices[d.id] = d.anonymous
+				}
 			}
-			out.DeviceKeys[userID][d.DeviceID] = keys
-		}
-		if m := k.Keys[storage.UsageMaster]; m != nil {
-			js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
-			if err != nil {
-				return out, err
+			if a.master != nil {
+				out.MasterKeys[userID] = a.master
 			}
-			out.MasterKeys[userID] = js
+		} else {
+			sigs := crosssigning.ByTarget(k.Signatures, userID, viewer)
+			for _, d := range k.Devices {
+				if len(want) > 0 && !contains(want, d.DeviceID) {
+					continue
+				}
+				name := d.DisplayName
+				if !withNames {
+					name = nil
+				}
+				js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+				if err != nil {
+					return out, err
+				}
+				keys, err := withUnsigned(js, name)
+				if err != nil {
+					return out, err
+				}
+				devices[d.DeviceID] = keys
+			}
+			if m := k.Keys[storage.UsageMaster]; m != nil {
+				js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
+				if err != nil {
+					return out, err
+				}
+				out.MasterKeys[userID] = js
+			}
 		}
 		if ssk := k.Keys[storage.UsageSelfSigning]; ssk != nil {
 			out.SelfSigningKeys[userID] = ssk
@@ -503,6 +525,72 @@ func (s *Service) localKeys(ctx context.Context, users map[string][]string, view
 		}
 	}
 	return out, nil
+}
+
+// seesOwnSignatures reports whether viewer may see signatures on owner's
+// keys that others may not: those of the viewer's user-signing key (see
+// crosssigning.Visible).
+func seesOwnSignatures(k *storage.UserKeys, owner, viewer string) bool {
+	if viewer == "" || viewer == owner {
+		return false
+	}
+	for _, sig := range k.Signatures {
+		if sig.SignerUserID == viewer {
+			return true
+		}
+	}
+	return false
+}
+
+// userAnswer is what a key query answers for a user to any viewer but
+// those who signed the user's keys with their user-signing key: the
+// devices' keys with the owner's signatures and "unsigned", with and
+// without the display name, and the master key with the owner's
+// signatures.
+type userAnswer struct {
+	devices []deviceAnswer // in the order of the stored devices
+	master  json.RawMessage
+}
+
+type deviceAnswer struct {
+	id               string
+	named, anonymous json.RawMessage
+}
+
+// answerOf returns the user's answer, built once for the value k and kept
+// in it (two queries may both build it first; either copy is right).
+func answerOf(userID string, k *storage.UserKeys) (*userAnswer, error) {
+	if a, ok := k.Derived.Load().(*userAnswer); ok {
+		return a, nil
+	}
+	sigs := crosssigning.ByTarget(k.Signatures, userID, "")
+	a := &userAnswer{devices: make([]deviceAnswer, 0, len(k.Devices))}
+	for _, d := range k.Devices {
+		js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+		if err != nil {
+			return nil, err
+		}
+		anonymous, err := withUnsigned(js, nil)
+		if err != nil {
+			return nil, err
+		}
+		named := anonymous
+		if d.DisplayName != nil {
+			if named, err = withUnsigned(js, d.DisplayName); err != nil {
+				return nil, err
+			}
+		}
+		a.devices = append(a.devices, deviceAnswer{id: d.DeviceID, named: named, anonymous: anonymous})
+	}
+	if m := k.Keys[storage.UsageMaster]; m != nil {
+		js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
+		if err != nil {
+			return nil, err
+		}
+		a.master = js
+	}
+	k.Derived.Store(a)
+	return a, nil
 }
 
 func contains(list []string, s string) bool {
