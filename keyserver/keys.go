@@ -330,49 +330,90 @@ type QueryResponse struct {
 	UserSigningKeys map[string]json.RawMessage            `json:"user_signing_keys"`
 }
 
-// AppendJSON encodes the response without re-validating the stored key
-// objects (canonical JSON this server wrote), which json.Marshal would
-// spend most of a query's time on.
+// AppendJSON encodes the response without re-validating the key objects
+// (canonical JSON this server wrote, or JSON a remote server's answer was
+// decoded from), which json.Marshal would spend most of a query's time on.
 func (r QueryResponse) AppendJSON(b []byte) ([]byte, error) {
-	b = append(b, `{"device_keys":{`...)
-	users := make([]string, 0, len(r.DeviceKeys))
-	for u := range r.DeviceKeys {
-		users = append(users, u)
+	b = append(b, `{"device_keys":`...)
+	if r.DeviceKeys == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendDeviceKeys(b, r.DeviceKeys)
 	}
-	sort.Strings(users)
-	for i, u := range users {
+	b = append(b, `,"failures":`...)
+	failures, err := json.Marshal(r.Failures)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, failures...)
+	b = append(b, `,"master_keys":`...)
+	b = appendRawObject(b, r.MasterKeys)
+	b = append(b, `,"self_signing_keys":`...)
+	b = appendRawObject(b, r.SelfSigningKeys)
+	b = append(b, `,"user_signing_keys":`...)
+	b = appendRawObject(b, r.UserSigningKeys)
+	return append(b, '}'), nil
+}
+
+// appendDeviceKeys appends the device keys by user (a user without
+// devices as {}).
+func appendDeviceKeys(b []byte, byUser map[string]map[string]json.RawMessage) []byte {
+	b = append(b, '{')
+	for i, u := range sortedKeys(byUser) {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = appendString(b, u)
-		b = append(b, ":{"...)
-		devices := r.DeviceKeys[u]
-		ids := make([]string, 0, len(devices))
-		for id := range devices {
-			ids = append(ids, id)
+		b = append(b, ':')
+		if devices := byUser[u]; devices != nil {
+			b = appendRawObject(b, devices)
+		} else {
+			b = append(b, "{}"...)
 		}
-		sort.Strings(ids)
-		for j, id := range ids {
-			if j > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, id)
-			b = append(b, ':')
-			b = append(b, devices[id]...)
+	}
+	return append(b, '}')
+}
+
+// appendRawObject appends m as a JSON object with its members in key
+// order, as json.Marshal writes them (null for a nil map).
+func appendRawObject(b []byte, m map[string]json.RawMessage) []byte {
+	if m == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '{')
+	if len(m) == 1 {
+		for k, v := range m { // no sort to make
+			b = appendMember(b, k, v)
 		}
-		b = append(b, '}')
+		return append(b, '}')
 	}
-	b = append(b, "},"...)
-	rest, err := json.Marshal(struct {
-		Failures        map[string]any             `json:"failures"`
-		MasterKeys      map[string]json.RawMessage `json:"master_keys"`
-		SelfSigningKeys map[string]json.RawMessage `json:"self_signing_keys"`
-		UserSigningKeys map[string]json.RawMessage `json:"user_signing_keys"`
-	}{r.Failures, r.MasterKeys, r.SelfSigningKeys, r.UserSigningKeys})
-	if err != nil {
-		return nil, err
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendMember(b, k, m[k])
 	}
-	return append(b, rest[1:]...), nil
+	return append(b, '}')
+}
+
+// appendMember appends "k":v, v being null when empty (as json.Marshal
+// writes a nil json.RawMessage).
+func appendMember(b []byte, k string, v json.RawMessage) []byte {
+	b = appendString(b, k)
+	b = append(b, ':')
+	if len(v) == 0 {
+		return append(b, "null"...)
+	}
+	return append(b, v...)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // appendString appends s as a JSON string. User and device IDs are almost
