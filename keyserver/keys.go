@@ -330,49 +330,90 @@ type QueryResponse struct {
 	UserSigningKeys map[string]json.RawMessage            `json:"user_signing_keys"`
 }
 
-// AppendJSON encodes the response without re-validating the stored key
-// objects (canonical JSON this server wrote), which json.Marshal would
-// spend most of a query's time on.
+// AppendJSON encodes the response without re-validating the key objects
+// (canonical JSON this server wrote, or JSON a remote server's answer was
+// decoded from), which json.Marshal would spend most of a query's time on.
 func (r QueryResponse) AppendJSON(b []byte) ([]byte, error) {
-	b = append(b, `{"device_keys":{`...)
-	users := make([]string, 0, len(r.DeviceKeys))
-	for u := range r.DeviceKeys {
-		users = append(users, u)
+	b = append(b, `{"device_keys":`...)
+	if r.DeviceKeys == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendDeviceKeys(b, r.DeviceKeys)
 	}
-	sort.Strings(users)
-	for i, u := range users {
+	b = append(b, `,"failures":`...)
+	failures, err := json.Marshal(r.Failures)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, failures...)
+	b = append(b, `,"master_keys":`...)
+	b = appendRawObject(b, r.MasterKeys)
+	b = append(b, `,"self_signing_keys":`...)
+	b = appendRawObject(b, r.SelfSigningKeys)
+	b = append(b, `,"user_signing_keys":`...)
+	b = appendRawObject(b, r.UserSigningKeys)
+	return append(b, '}'), nil
+}
+
+// appendDeviceKeys appends the device keys by user (a user without
+// devices as {}).
+func appendDeviceKeys(b []byte, byUser map[string]map[string]json.RawMessage) []byte {
+	b = append(b, '{')
+	for i, u := range sortedKeys(byUser) {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = appendString(b, u)
-		b = append(b, ":{"...)
-		devices := r.DeviceKeys[u]
-		ids := make([]string, 0, len(devices))
-		for id := range devices {
-			ids = append(ids, id)
+		b = append(b, ':')
+		if devices := byUser[u]; devices != nil {
+			b = appendRawObject(b, devices)
+		} else {
+			b = append(b, "{}"...)
 		}
-		sort.Strings(ids)
-		for j, id := range ids {
-			if j > 0 {
-				b = append(b, ',')
-			}
-			b = appendString(b, id)
-			b = append(b, ':')
-			b = append(b, devices[id]...)
+	}
+	return append(b, '}')
+}
+
+// appendRawObject appends m as a JSON object with its members in key
+// order, as json.Marshal writes them (null for a nil map).
+func appendRawObject(b []byte, m map[string]json.RawMessage) []byte {
+	if m == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '{')
+	if len(m) == 1 {
+		for k, v := range m { // no sort to make
+			b = appendMember(b, k, v)
 		}
-		b = append(b, '}')
+		return append(b, '}')
 	}
-	b = append(b, "},"...)
-	rest, err := json.Marshal(struct {
-		Failures        map[string]any             `json:"failures"`
-		MasterKeys      map[string]json.RawMessage `json:"master_keys"`
-		SelfSigningKeys map[string]json.RawMessage `json:"self_signing_keys"`
-		UserSigningKeys map[string]json.RawMessage `json:"user_signing_keys"`
-	}{r.Failures, r.MasterKeys, r.SelfSigningKeys, r.UserSigningKeys})
-	if err != nil {
-		return nil, err
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendMember(b, k, m[k])
 	}
-	return append(b, rest[1:]...), nil
+	return append(b, '}')
+}
+
+// appendMember appends "k":v, v being null when empty (as json.Marshal
+// writes a nil json.RawMessage).
+func appendMember(b []byte, k string, v json.RawMessage) []byte {
+	b = appendString(b, k)
+	b = append(b, ':')
+	if len(v) == 0 {
+		return append(b, "null"...)
+	}
+	return append(b, v...)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // appendString appends s as a JSON string. User and device IDs are almost
@@ -469,31 +510,53 @@ func (s *Service) localKeys(ctx context.Context, users map[string][]string, view
 	}
 	for userID, k := range all {
 		want := users[userID]
-		sigs := crosssigning.ByTarget(k.Signatures, userID, viewer)
-		for _, d := range k.Devices {
-			if len(want) > 0 && !contains(want, d.DeviceID) {
-				continue
-			}
-			name := d.DisplayName
-			if !withNames {
-				name = nil
-			}
-			js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+		devices := out.DeviceKeys[userID]
+		if !seesOwnSignatures(k, userID, viewer) {
+			// What everyone sees: built once per cached copy of the keys.
+			a, err := answerOf(userID, k)
 			if err != nil {
 				return out, err
 			}
-			keys, err := withUnsigned(js, name)
-			if err != nil {
-				return out, err
+			for _, d := range a.devices {
+				if len(want) > 0 && !contains(want, d.id) {
+					continue
+				}
+				if withNames {
+					devices[d.id] = d.named
+				} else {
+					devices[d.id] = d.anonymous
+				}
 			}
-			out.DeviceKeys[userID][d.DeviceID] = keys
-		}
-		if m := k.Keys[storage.UsageMaster]; m != nil {
-			js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
-			if err != nil {
-				return out, err
+			if a.master != nil {
+				out.MasterKeys[userID] = a.master
 			}
-			out.MasterKeys[userID] = js
+		} else {
+			sigs := crosssigning.ByTarget(k.Signatures, userID, viewer)
+			for _, d := range k.Devices {
+				if len(want) > 0 && !contains(want, d.DeviceID) {
+					continue
+				}
+				name := d.DisplayName
+				if !withNames {
+					name = nil
+				}
+				js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+				if err != nil {
+					return out, err
+				}
+				keys, err := withUnsigned(js, name)
+				if err != nil {
+					return out, err
+				}
+				devices[d.DeviceID] = keys
+			}
+			if m := k.Keys[storage.UsageMaster]; m != nil {
+				js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
+				if err != nil {
+					return out, err
+				}
+				out.MasterKeys[userID] = js
+			}
 		}
 		if ssk := k.Keys[storage.UsageSelfSigning]; ssk != nil {
 			out.SelfSigningKeys[userID] = ssk
@@ -503,6 +566,72 @@ func (s *Service) localKeys(ctx context.Context, users map[string][]string, view
 		}
 	}
 	return out, nil
+}
+
+// seesOwnSignatures reports whether viewer may see signatures on owner's
+// keys that others may not: those of the viewer's user-signing key (see
+// crosssigning.Visible).
+func seesOwnSignatures(k *storage.UserKeys, owner, viewer string) bool {
+	if viewer == "" || viewer == owner {
+		return false
+	}
+	for _, sig := range k.Signatures {
+		if sig.SignerUserID == viewer {
+			return true
+		}
+	}
+	return false
+}
+
+// userAnswer is what a key query answers for a user to any viewer but
+// those who signed the user's keys with their user-signing key: the
+// devices' keys with the owner's signatures and "unsigned", with and
+// without the display name, and the master key with the owner's
+// signatures.
+type userAnswer struct {
+	devices []deviceAnswer // in the order of the stored devices
+	master  json.RawMessage
+}
+
+type deviceAnswer struct {
+	id               string
+	named, anonymous json.RawMessage
+}
+
+// answerOf returns the user's answer, built once for the value k and kept
+// in it (two queries may both build it first; either copy is right).
+func answerOf(userID string, k *storage.UserKeys) (*userAnswer, error) {
+	if a, ok := k.Derived.Load().(*userAnswer); ok {
+		return a, nil
+	}
+	sigs := crosssigning.ByTarget(k.Signatures, userID, "")
+	a := &userAnswer{devices: make([]deviceAnswer, 0, len(k.Devices))}
+	for _, d := range k.Devices {
+		js, err := crosssigning.WithSignatures(d.KeyJSON, sigs[d.DeviceID])
+		if err != nil {
+			return nil, err
+		}
+		anonymous, err := withUnsigned(js, nil)
+		if err != nil {
+			return nil, err
+		}
+		named := anonymous
+		if d.DisplayName != nil {
+			if named, err = withUnsigned(js, d.DisplayName); err != nil {
+				return nil, err
+			}
+		}
+		a.devices = append(a.devices, deviceAnswer{id: d.DeviceID, named: named, anonymous: anonymous})
+	}
+	if m := k.Keys[storage.UsageMaster]; m != nil {
+		js, err := crosssigning.WithSignatures(m, sigs[crosssigning.PublicKeyOf(m)])
+		if err != nil {
+			return nil, err
+		}
+		a.master = js
+	}
+	k.Derived.Store(a)
+	return a, nil
 }
 
 func contains(list []string, s string) bool {

@@ -13,11 +13,22 @@ func TestQueryResponseAppendJSON(t *testing.T) {
 			"@a:x":    {"D1": json.RawMessage(`{"device_id":"D1","keys":{"ed25519:D1":"é\"<>"}}`), "D2": json.RawMessage(`{}`)},
 			"@b\"q:x": {},
 		},
-		Failures:        map[string]any{"y": map[string]any{"status": 503, "message": "down"}},
-		MasterKeys:      map[string]json.RawMessage{},
-		SelfSigningKeys: map[string]json.RawMessage{},
+		Failures: map[string]any{"y": map[string]any{"status": 503, "message": "down"}},
+		MasterKeys: map[string]json.RawMessage{
+			"@a:x": json.RawMessage(`{"keys":{"ed25519:M":"M"},"usage":["master"]}`),
+			"@c:x": json.RawMessage(`{"b":1}`),
+			"@b:x": nil,
+		},
+		SelfSigningKeys: map[string]json.RawMessage{"@a:x": json.RawMessage(`{"usage":["self_signing"]}`)},
 		UserSigningKeys: map[string]json.RawMessage{},
 	}
+	for _, r := range []QueryResponse{r, {}} {
+		checkAppendJSON(t, r)
+	}
+}
+
+func checkAppendJSON(t *testing.T, r QueryResponse) {
+	t.Helper()
 	fast, err := r.AppendJSON(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 )
 
 // Sentinel errors, shared by every backend so callers never inspect driver
@@ -317,6 +318,11 @@ type CrossSigning struct {
 type UserKeys struct {
 	Devices []Device // the devices with identity keys
 	CrossSigning
+	// Derived keeps what the domain builds from these keys for its
+	// answers, so that it is built once per value: a value the store
+	// caches is read by every query naming the user until their keys
+	// change, and a change makes a new value.
+	Derived atomic.Value
 }
 
 // CrossSigningWrite is what an upload of cross-signing keys writes,

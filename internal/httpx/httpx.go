@@ -61,7 +61,11 @@ func JSON(w http.ResponseWriter, status int, v any) {
 		status = http.StatusInternalServerError
 		body = []byte(`{"errcode":"M_UNKNOWN","error":"internal server error"}`)
 	}
-	w.Header().Set("Content-Type", "application/json")
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	// With its length known the body goes out as it is, not in chunks
+	// ended by one more write.
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }

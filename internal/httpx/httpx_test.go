@@ -151,3 +151,24 @@ func TestErrorOfAbandonedRequest(t *testing.T) {
 		}
 	}
 }
+
+// A JSON answer states its length: a large one is not sent in chunks.
+func TestJSONStatesItsLength(t *testing.T) {
+	big := strings.Repeat("k", 64<<10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		JSON(w, http.StatusOK, map[string]string{"v": big})
+	}))
+	defer srv.Close()
+	res, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ContentLength != int64(len(body)) || len(res.TransferEncoding) != 0 {
+		t.Fatalf("Content-Length %d, transfer encoding %v, for a body of %d bytes", res.ContentLength, res.TransferEncoding, len(body))
+	}
+}
