@@ -12,9 +12,9 @@ import (
 )
 
 // UploadKeys runs one key upload as a single transaction. It reads the
-// device's key state (locking the device row, so uploads for one device
-// queue behind each other), lets decide choose what to write from it, and
-// writes that. decide's error aborts the upload with nothing written.
+// device's key state (holding the user's key lock, so uploads for one
+// device queue behind each other, see lockUserKeys), lets decide choose
+// what to write from it, and writes that. decide's error aborts the upload with nothing written.
 // oneTimeKeyIDs are the full IDs ("alg:id") the upload names, so that the
 // state includes any of them already stored.
 //
@@ -105,17 +105,15 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 		Counts:              map[string]int{},
 		Fallback:            map[string]storage.FallbackKey{},
 	}
-	var keys []byte
-	err := tx.QueryRowContext(ctx, `SELECT key_json FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
-		userID, deviceID).Scan(&keys)
-	if err != nil {
-		return st, notFound(err)
+	if err := s.lockUserKeys(ctx, tx, userID); err != nil {
+		return st, err
 	}
-	st.DeviceKeys = keys
-
-	// The rest in one round trip: unclaimed counts, the named one-time keys
-	// already stored, and the fallback keys.
+	// All in one round trip, read after the lock is held: the device's
+	// keys (its row is there, with 1, while the device exists), unclaimed
+	// counts, the named one-time keys already stored, and the fallback keys.
 	query := `
+		SELECT 'device', '', '', key_json, 1 FROM devices WHERE user_id = $1 AND device_id = $2
+		UNION ALL
 		SELECT 'count', algorithm, '', '', unclaimed FROM one_time_key_counts
 		WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
 		UNION ALL
@@ -159,6 +157,7 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 		return st, err
 	}
 	defer rows.Close()
+	device := false
 	for rows.Next() {
 		var kind string
 		var k storage.Key
@@ -167,6 +166,8 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 			return st, err
 		}
 		switch kind {
+		case "device":
+			device, st.DeviceKeys = true, k.JSON
 		case "count":
 			st.Counts[k.Algorithm] = n
 		case "fallback":
@@ -175,7 +176,30 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 			st.ExistingOneTimeKeys[k.FullID()] = k.JSON
 		}
 	}
-	return st, rows.Err()
+	if err := rows.Err(); err != nil {
+		return st, err
+	}
+	if !device {
+		return st, storage.ErrNotFound
+	}
+	return st, nil
+}
+
+// lockUserKeys takes the user's key lock until the transaction ends: the
+// uploads of a user's devices and the deletion of the devices take it
+// first, so that each reads the device's counts and keys only once the
+// one before it has committed (the cap of one-time keys holds, and no key
+// is stored for a device deleted meanwhile), across daemons sharing the
+// database. On PostgreSQL it is an advisory lock, which costs no write:
+// locking the device row instead (SELECT ... FOR UPDATE) writes the lock
+// into the row, with a WAL record and a dirty page, on every upload.
+// SQLite has one writer at a time and needs none.
+func (s *Store) lockUserKeys(ctx context.Context, tx *txn, userID string) error {
+	if s.d.lockUserKeys == "" {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, s.d.lockUserKeys, userID)
+	return err
 }
 
 // insertOneTimeKeys stores keys in their order with multi-row INSERTs, so
