@@ -136,7 +136,7 @@ func IsUniqueViolation(err error) bool {
 // one database from migrating it at the same time.
 const MigrationLock = 0x6b657973 // "keys"
 
-// UserKeysLock is the first key of the advisory locks that serialize the
-// changes of a user's one-time keys (uploads, device deletion); the second
-// is a hash of the user ID. Locks of two keys never meet MigrationLock.
-const UserKeysLock = 0x6f746b73 // "otks"
+// DeviceKeysLock is the first key of the advisory locks that serialize the
+// changes of a device's keys (uploads, deletion); the second is a hash of
+// the user and device IDs. Locks of two keys never meet MigrationLock.
+const DeviceKeysLock = 0x6f746b73 // "otks"

@@ -273,7 +273,8 @@ func TestUploadsFromTwoStoresKeepTheCap(t *testing.T) {
 
 // A device deleted while uploads to it run leaves no keys or counts
 // behind: an upload either commits before the deletion, which deletes its
-// keys, or finds the device gone.
+// keys, or finds the device gone. Uploads that change the device's keys
+// (which lock its row as the deletion does) race them too.
 func TestUploadRacingDeviceDeletionLeavesNothing(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		ctx := context.Background()
@@ -293,7 +294,11 @@ func TestUploadRacingDeviceDeletionLeavesNothing(t *testing.T) {
 					for i := 0; ; i++ {
 						keys := keysNamed(fmt.Sprintf("w%d_%d_", w, i), 3, "signed_curve25519")
 						_, err := stores[w%2].UploadKeys(ctx, u, d, nil, func(storage.KeyState) (storage.KeyWrite, error) {
-							return storage.KeyWrite{OneTimeKeys: keys, FallbackKeys: keys[:1]}, nil
+							write := storage.KeyWrite{OneTimeKeys: keys, FallbackKeys: keys[:1]}
+							if w == 0 {
+								write.DeviceKeys = []byte(fmt.Sprintf(`{"device_id":%q,"n":%d}`, d, i))
+							}
+							return write, nil
 						})
 						if errors.Is(err, storage.ErrNotFound) {
 							return
