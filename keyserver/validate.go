@@ -210,23 +210,30 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		if !isObject {
 			return nil, mxerr.BadJSON("%s.%s must be an object", field, name)
 		}
-		var k struct {
-			Key        *string         `json:"key"`
-			Signatures json.RawMessage `json:"signatures"`
-		}
-		if err := json.Unmarshal(raw, &k); err != nil || k.Key == nil {
-			return nil, mxerr.BadJSON("%s.%s must have a string \"key\"", field, name)
+		value, plain, ok := signedKeyValue(raw)
+		if !ok {
+			// What the walk does not answer for sure, a decoder does.
+			var k struct {
+				Key *string `json:"key"`
+			}
+			if err := json.Unmarshal(raw, &k); err != nil || k.Key == nil {
+				return nil, mxerr.BadJSON("%s.%s must have a string \"key\"", field, name)
+			}
+			value, plain = *k.Key, plainObject(raw)
 		}
 		if alg == "signed_curve25519" {
-			if b, err := decodeBase64(*k.Key); err != nil || len(b) != 32 {
+			if b, err := decodeBase64(value); err != nil || len(b) != 32 {
 				return nil, mxerr.InvalidParam("%s.%s: key is not a 32-byte base64 key", field, name)
 			}
 		}
 		if key.missing() {
 			return nil, mxerr.InvalidParam("%s: the device has no identity keys to verify %s with; upload device_keys first", field, name)
 		}
-		c, err := canonicalOfDecoded(raw) // decoded into k above
-		if err != nil {
+		// raw is valid JSON: the walk or the decoder checked it.
+		var c []byte
+		if plain {
+			c = gomatrixserverlib.CanonicalJSONAssumeValid(raw)
+		} else if c, err = canonicalDecoded(raw); err != nil {
 			return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 		}
 		if err := verifySignedBy(c, userID, deviceID, key); err != nil {
@@ -251,6 +258,58 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 	}
 	return c, nil
+}
+
+// signedKeyValue reads the string "key" of a signed key object in one walk
+// of its members, with the answer json.Unmarshal into a struct with a
+// *string "key" field would give, and reports whether the object is plain
+// (see plainObject). ok is false where the walk cannot be sure of that
+// answer, and the caller decodes instead: raw not valid JSON, member names
+// with escapes or outside ASCII (a decoder unescapes them, and matches
+// names by Unicode case folding), "key" under two names matching it, or
+// its value not a string free of escapes and outside ASCII. A real client's key has none of
+// these.
+func signedKeyValue(raw []byte) (value string, plain, ok bool) {
+	if !gjson.ValidBytes(raw) {
+		return "", false, false
+	}
+	obj := gjson.ParseBytes(raw)
+	if !obj.IsObject() {
+		return "", false, false
+	}
+	ok, plain = true, true
+	found := false
+	var seen [8]string
+	names := seen[:0]
+	obj.ForEach(func(k, v gjson.Result) bool {
+		name := k.Str
+		if !plainString(k) {
+			ok = false
+			return false
+		}
+		if strings.EqualFold(name, "key") {
+			if found || name != "key" || v.Type != gjson.String || !plainString(v) {
+				ok = false
+				return false
+			}
+			found, value = true, v.Str
+		}
+		if name == "unsigned" || slices.Contains(names, name) {
+			plain = false
+		}
+		names = append(names, name)
+		return true
+	})
+	return value, plain, ok && found
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // checkOneTimeKeyShape checks one one-time or fallback key as

@@ -1,0 +1,175 @@
+package keyserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/internal/testvectors"
+)
+
+// The one-walk readings of a signed key (signedKeyValue, findSignature)
+// give the answers of decoding it with encoding/json, which they stand in
+// for, or leave the object to the decoder.
+
+// decodedKeyValue is what signedKeyValue stands in for.
+func decodedKeyValue(raw []byte) (value string, isString, plain bool) {
+	var k struct {
+		Key *string `json:"key"`
+	}
+	if json.Unmarshal(raw, &k) != nil || k.Key == nil {
+		return "", false, false
+	}
+	return *k.Key, true, plainObject(raw)
+}
+
+// decodedSignature is what findSignature stands in for.
+func decodedSignature(sigsJSON []byte, userID string, keyID gomatrixserverlib.KeyID) (spec.Base64Bytes, bool) {
+	var sigs map[string]map[gomatrixserverlib.KeyID]spec.Base64Bytes
+	if sigsJSON == nil || json.Unmarshal(sigsJSON, &sigs) != nil {
+		return nil, false
+	}
+	sig, ok := sigs[userID][keyID]
+	return sig, ok
+}
+
+func checkKeyValueAgrees(t *testing.T, raw []byte) (walked bool) {
+	t.Helper()
+	value, plain, ok := signedKeyValue(raw)
+	if !ok {
+		return false
+	}
+	wantValue, isString, wantPlain := decodedKeyValue(raw)
+	if !isString || value != wantValue || plain != wantPlain {
+		t.Errorf("%s: walk says key %q plain %v; decoder says key %q (a string: %v) plain %v",
+			raw, value, plain, wantValue, isString, wantPlain)
+	}
+	return true
+}
+
+func checkSignatureAgrees(t *testing.T, sigsJSON []byte, userID string, keyID gomatrixserverlib.KeyID) {
+	t.Helper()
+	got, ok := findSignature(sigsJSON, userID, keyID)
+	want, wantOK := decodedSignature(sigsJSON, userID, keyID)
+	if ok != wantOK || !bytes.Equal(got, want) {
+		t.Errorf("%s %s %s: found %x (%v), decoder finds %x (%v)", sigsJSON, userID, keyID, got, ok, want, wantOK)
+	}
+}
+
+const sig64 = "mpJk4wv6KGZJ1x7Bz/Vd7WQK8UoLDbeL8+3CaFI2jIBMjLQ7BsQUuICpWFYxaAVLa6Kkca/wfExbWr8AUiTrCg"
+
+func TestSignedKeyValueAgreesWithDecoder(t *testing.T) {
+	key := `"zKbLg+NrIjpnagy+pIY6uPL4ZwEG2v+8F9lmgsnlZzs"`
+	sigs := `{"@a:b":{"ed25519:D":"` + sig64 + `"}}`
+	walkedOnes := 0
+	for _, raw := range []string{
+		`{"key":` + key + `,"signatures":` + sigs + `}`,
+		`{"signatures":` + sigs + `,"key":` + key + `}`,
+		` { "key" : ` + key + ` , "signatures" : ` + sigs + ` } `,
+		`{"key":` + key + `,"signatures":` + sigs + `,"unsigned":{}}`,
+		`{"key":` + key + `,"signatures":` + sigs + `,"signatures":{}}`,
+		`{"key":` + key + `,"fallback":true,"signatures":` + sigs + `}`,
+		`{"key":` + key + `,"key":"other"}`,
+		`{"key":` + key + `,"KEY":null}`,
+		`{"KEY":` + key + `}`,
+		`{"Key":` + key + `}`,
+		`{"\u006bey":` + key + `}`,
+		`{"\u212aey":` + key + `}`,
+		`{"ke\u0079":` + key + `,"key":"x"}`,
+		`{"key":"zKbL\u0067+NrIjpnagy+pIY6uPL4ZwEG2v+8F9lmgsnlZzs"}`,
+		`{"key":null}`,
+		`{"key":5}`,
+		`{"key":{}}`,
+		`{"signatures":` + sigs + `}`,
+		`{}`,
+		`{"key":"é"}`,
+		"{\"key\":\"\xff\"}",
+		"{\"k\xffey\":1,\"key\":\"x\"}",
+		`{"key":"x","é":1}`,
+		`{"key":"x",}`,
+		`{"key":"x"`,
+		`["key"]`,
+		`"key"`,
+	} {
+		if checkKeyValueAgrees(t, []byte(raw)) {
+			walkedOnes++
+		}
+	}
+	// Real clients' keys are read by the walk.
+	v, err := testvectors.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range v.Clients {
+		for name, k := range c.OneTimeKeys {
+			if alg, _, _ := parseKeyName(name); isSignedAlgorithm(alg) && !checkKeyValueAgrees(t, k) {
+				t.Errorf("%s %s: a real client's key is left to the decoder", c.Library, name)
+			}
+		}
+	}
+	if walkedOnes < 5 {
+		t.Errorf("only %d of the cases read by the walk", walkedOnes)
+	}
+}
+
+func TestFindSignatureAgreesWithDecoder(t *testing.T) {
+	const u, id = "@a:b", gomatrixserverlib.KeyID("ed25519:D")
+	urlSafe := strings.NewReplacer("+", "-", "/", "_").Replace(sig64)
+	for _, sigs := range []string{
+		`{"@a:b":{"ed25519:D":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:D":"` + urlSafe + `"}}`,
+		`{"@a:b":{"ed25519:D":"` + sig64 + `=="}}`,
+		`{"@a:b":{"ed25519:D":"` + sig64 + `","ed25519:E":"not base64!"}}`,
+		`{"@c:d":{"ed25519:E":"not base64!"},"@a:b":{"ed25519:D":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:D":"` + sig64 + `"},"@a:b":{"ed25519:E":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:E":"` + sig64 + `"},"@a:b":{"ed25519:D":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:D":"AAAA","ed25519:D":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:D":"` + sig64 + `","ed25519:D":"AAAA"}}`,
+		`{"@a:b":{"ed25519:D":null}}`,
+		`{"@a:b":{"ed25519:D":5}}`,
+		`{"@a:b":null}`,
+		`{"@a:b":[]}`,
+		`{"@a:b":{}}`,
+		`{"@c:d":{"ed25519:E":null},"@a:b":{"ed25519:D":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:D":"` + sig64[:10] + `\/` + sig64[12:] + `"}}`,
+		`{"@a:b":{"ed25519:D":"` + sig64[:10] + `\n` + sig64[10:] + `"}}`,
+		`{"@a:b":{"ed25519:\u0044":"` + sig64 + `"}}`,
+		`{"@a:b":{"ed25519:D":"é` + sig64 + `"}}`,
+		"{\"@a:b\":{\"ed25519:D\":\"\xff" + sig64 + "\"}}",
+		`{"@\u0061:b":{"ed25519:D":"` + sig64 + `"}}`,
+		`{"@é:b":{"ed25519:D":"` + sig64 + `"}}`,
+		`{"@A:B":{"ed25519:D":"` + sig64 + `"}}`,
+		`{}`,
+		`[]`,
+		`null`,
+		`"x"`,
+	} {
+		checkSignatureAgrees(t, []byte(sigs), u, id)
+	}
+	checkSignatureAgrees(t, nil, u, id)
+}
+
+// FuzzSignedKeyReading holds the one-walk readings to the decoder's
+// answers for any object; the seeds are real client keys.
+func FuzzSignedKeyReading(f *testing.F) {
+	v, err := testvectors.Load()
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, c := range v.Clients {
+		for _, k := range c.OneTimeKeys {
+			f.Add([]byte(k), c.UserID, "ed25519:"+c.DeviceID)
+		}
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, userID, keyID string) {
+		checkKeyValueAgrees(t, raw)
+		checkSignatureAgrees(t, raw, userID, gomatrixserverlib.KeyID(keyID))
+		if _, sigs, err := splitSignatures(raw); err == nil && sigs != nil {
+			checkSignatureAgrees(t, sigs, userID, gomatrixserverlib.KeyID(keyID))
+		}
+	})
+}
