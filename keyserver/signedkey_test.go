@@ -173,3 +173,39 @@ func FuzzSignedKeyReading(f *testing.F) {
 		}
 	})
 }
+
+// An upload request is read by the walk as encoding/json reads it.
+func TestUploadRequestReadAsDecoded(t *testing.T) {
+	type decoded UploadRequest
+	walked := 0
+	for _, body := range []string{
+		`{"device_keys":{"a":1},"one_time_keys":{"signed_curve25519:A":{"key":"k"}},"fallback_keys":{}}`,
+		` { "one_time_keys" : { "x:y" : "z" } , "other" : [1, 2] } `,
+		`{"device_keys":null,"one_time_keys":null}`,
+		`{"one_time_keys":{"a:b":"1"},"one_time_keys":{"a:c":"2"}}`,
+		`{"One_Time_Keys":{"a:b":"1"}}`,
+		`{"one_time_keys":{"a:b":"1"},"ONE_TIME_KEYS":{"a:c":"2"}}`,
+		`{"one_time_key\u0073":{"a:b":"1"}}`,
+		`{"dévice":1,"one_time_keys":{}}`,
+		`{"fallback_keys":"a string","device_keys":5}`,
+		`{}`,
+		`[]`,
+		`"x"`,
+		`null`,
+	} {
+		var want decoded
+		wantErr := json.Unmarshal([]byte(body), &want)
+		var got UploadRequest
+		err := json.Unmarshal([]byte(body), &got)
+		if (err == nil) != (wantErr == nil) || string(got.DeviceKeys) != string(want.DeviceKeys) ||
+			string(got.OneTimeKeys) != string(want.OneTimeKeys) || string(got.FallbackKeys) != string(want.FallbackKeys) {
+			t.Errorf("%s: read %+v (%v), decoded %+v (%v)", body, got, err, want, wantErr)
+		}
+		if new(UploadRequest).walk([]byte(body)) {
+			walked++
+		}
+	}
+	if walked < 5 {
+		t.Errorf("only %d of the bodies read by the walk", walked)
+	}
+}
