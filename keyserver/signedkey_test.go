@@ -209,3 +209,65 @@ func TestUploadRequestReadAsDecoded(t *testing.T) {
 		t.Errorf("only %d of the bodies read by the walk", walked)
 	}
 }
+
+// Stored device keys are read by the walk as they are decoded.
+func TestStoredIdentityKeysReadAsDecoded(t *testing.T) {
+	decodedKeys := func(raw []byte) (string, string, bool) {
+		var f struct {
+			DeviceID string            `json:"device_id"`
+			Keys     map[string]string `json:"keys"`
+		}
+		if json.Unmarshal(raw, &f) != nil {
+			return "", "", false
+		}
+		return f.Keys["ed25519:"+f.DeviceID], f.Keys["curve25519:"+f.DeviceID], true
+	}
+	v, err := testvectors.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bodies []string
+	for _, c := range v.Clients {
+		dk, err := ParseDeviceKeys(c.DeviceKeys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies = append(bodies, string(dk.Canonical))
+	}
+	walked := 0
+	for _, raw := range append(bodies,
+		`{"device_id":"D","keys":{"ed25519:D":"e","curve25519:D":"c"}}`,
+		`{"keys":{"ed25519:D":"e","curve25519:D":"c"},"device_id":"D"}`,
+		`{"device_id":"D","keys":{"ed25519:D":"e"},"device_id":"E","keys":{"ed25519:E":"x"}}`,
+		`{"device_id":"D","keys":{"ed25519:D":"e","ed25519:D":"f"}}`,
+		`{"device_id":"D","keys":{"ed25519:D":"e"},"keys":{"curve25519:D":"c"}}`,
+		`{"device_id":"D","device_id":"E","keys":{"ed25519:D":"e","ed25519:E":"f"}}`,
+		`{"Device_ID":"D","keys":{"ed25519:D":"e"}}`,
+		`{"device_id":"D","KEYS":{"ed25519:D":"e"}}`,
+		`{"device_id":"\u0044","keys":{"ed25519:D":"e"}}`,
+		`{"device_id":"D","keys":{"ed25519:\u0044":"e"}}`,
+		`{"device_id":"D","keys":{"ed25519:D":5}}`,
+		`{"device_id":"D","keys":{"ed25519:D":null}}`,
+		`{"device_id":null,"keys":{"ed25519:":"e"}}`,
+		`{"device_id":5,"keys":{}}`,
+		`{"device_id":"D","keys":null}`,
+		`{"device_id":"D","keys":[]}`,
+		`{"device_id":"D"}`,
+		`{}`,
+		`[]`,
+		`null`,
+		`{"device_id":"D",`,
+	) {
+		ed, curve, err := storedIdentityKeys([]byte(raw))
+		wantEd, wantCurve, wantOK := decodedKeys([]byte(raw))
+		if ed != wantEd || curve != wantCurve || (err == nil) != wantOK {
+			t.Errorf("%s: read %q %q (%v), decoded %q %q (%v)", raw, ed, curve, err, wantEd, wantCurve, wantOK)
+		}
+		if _, _, ok := walkIdentityKeys([]byte(raw)); ok {
+			walked++
+		}
+	}
+	if walked < len(bodies)+2 {
+		t.Errorf("only %d of the objects read by the walk; every real client's should be", walked)
+	}
+}

@@ -166,6 +166,9 @@ func parseDeviceKeys(raw json.RawMessage, wellFormedKeys bool) (*DeviceKeys, err
 // storedIdentityKeys reads the ed25519 and curve25519 keys from device keys
 // this server checked and stored before, without checking them again.
 func storedIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, err error) {
+	if ed, curve, ok := walkIdentityKeys(raw); ok {
+		return ed, curve, nil
+	}
 	var f struct {
 		DeviceID string            `json:"device_id"`
 		Keys     map[string]string `json:"keys"`
@@ -174,6 +177,51 @@ func storedIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, err error
 		return "", "", fmt.Errorf("stored device keys: %w", err)
 	}
 	return f.Keys["ed25519:"+f.DeviceID], f.Keys["curve25519:"+f.DeviceID], nil
+}
+
+// walkIdentityKeys is storedIdentityKeys in one walk of the object, for
+// the canonical JSON this server stores; ok is false where a decoder might
+// read it otherwise (escapes, names outside ASCII or matching a field by
+// case folding only, values of other types), and the caller decodes it.
+func walkIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, ok bool) {
+	obj := gjson.ParseBytes(raw)
+	if !gjson.ValidBytes(raw) || !obj.IsObject() {
+		return "", "", false
+	}
+	var deviceID string
+	var keys gjson.Result
+	ok = true
+	seenID, seenKeys := false, false
+	obj.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case !plainString(k):
+			ok = false
+		case k.Str == "device_id" && v.Type == gjson.String && plainString(v) && !seenID:
+			deviceID, seenID = v.Str, true
+		case k.Str == "keys" && v.IsObject() && !seenKeys:
+			keys, seenKeys = v, true // a decoder merges repeated ones
+		case strings.EqualFold(k.Str, "device_id") || strings.EqualFold(k.Str, "keys"):
+			ok = false // repeated, of another type, or matched by case folding
+		}
+		return ok
+	})
+	if !ok {
+		return "", "", false
+	}
+	keys.ForEach(func(k, v gjson.Result) bool {
+		if !plainString(k) || v.Type != gjson.String || !plainString(v) {
+			ok = false
+			return false
+		}
+		switch k.Str {
+		case "ed25519:" + deviceID:
+			ed25519Key = v.Str
+		case "curve25519:" + deviceID:
+			curve25519Key = v.Str
+		}
+		return true
+	})
+	return ed25519Key, curve25519Key, ok
 }
 
 // VerifySelfSignature checks the device's signature of its own keys.
