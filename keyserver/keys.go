@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+	"strings"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/internal/metrics"
@@ -19,6 +22,59 @@ type UploadRequest struct {
 	DeviceKeys   json.RawMessage `json:"device_keys"`
 	OneTimeKeys  json.RawMessage `json:"one_time_keys"`
 	FallbackKeys json.RawMessage `json:"fallback_keys"`
+}
+
+// UnmarshalJSON reads the three members in one walk of the object, where
+// encoding/json would walk it a second time after checking it. Anything
+// the walk cannot be sure of reading as the decoder does (member names
+// with escapes or outside ASCII, names matching a field only by case
+// folding) is decoded as before.
+func (r *UploadRequest) UnmarshalJSON(data []byte) error {
+	if r.walk(data) {
+		return nil
+	}
+	type decoded UploadRequest // without this method
+	return json.Unmarshal(data, (*decoded)(r))
+}
+
+func (r *UploadRequest) walk(data []byte) bool {
+	if !gjson.ValidBytes(data) {
+		return false
+	}
+	obj := gjson.ParseBytes(data)
+	if !obj.IsObject() {
+		return false
+	}
+	var out UploadRequest
+	ok := true
+	obj.ForEach(func(k, v gjson.Result) bool {
+		if !plainString(k) {
+			ok = false
+			return false
+		}
+		var field *json.RawMessage
+		switch k.Str {
+		case "device_keys":
+			field = &out.DeviceKeys
+		case "one_time_keys":
+			field = &out.OneTimeKeys
+		case "fallback_keys":
+			field = &out.FallbackKeys
+		default:
+			if strings.EqualFold(k.Str, "device_keys") || strings.EqualFold(k.Str, "one_time_keys") ||
+				strings.EqualFold(k.Str, "fallback_keys") {
+				ok = false
+				return false
+			}
+			return true
+		}
+		*field = json.RawMessage(v.Raw) // a copy: the last of repeated members, as decoded
+		return true
+	})
+	if ok {
+		*r = out
+	}
+	return ok
 }
 
 // UploadResponse is the answer to /keys/upload.

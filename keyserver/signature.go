@@ -75,13 +75,7 @@ func verifySignedBy(canon []byte, userID, deviceID string, key *identityKey) err
 	if err != nil {
 		return err
 	}
-	// Decoded as VerifyJSON decodes it: every signature in the object must
-	// be base64, not only the one checked.
-	var sigs map[string]map[gomatrixserverlib.KeyID]spec.Base64Bytes
-	if sigsJSON == nil || json.Unmarshal(sigsJSON, &sigs) != nil {
-		return fmt.Errorf("no valid signature by %s %s", userID, keyID)
-	}
-	sig, ok := sigs[userID][keyID]
+	sig, ok := findSignature(sigsJSON, userID, keyID)
 	if !ok || len(sig) != voi.SignatureSize ||
 		!voi.VerifyExpandedWithOptions(pub, signed, sig, stdlibSemantics) {
 		return fmt.Errorf("no valid signature by %s %s", userID, keyID)
@@ -116,4 +110,69 @@ func splitSignatures(canon []byte) (signed, signatures []byte, err error) {
 		return true
 	})
 	return append(signed, '}'), signatures, nil
+}
+
+// findSignature returns signatures[userID][keyID] from the raw
+// "signatures" member (nil: absent), decoded as VerifyJSON decodes it:
+// every signature in the object must be base64, not only the one looked
+// for, or there is none. It walks the object once; should it meet what
+// only a decoder answers for sure (escapes, names outside ASCII, values
+// other than strings), it decodes the whole.
+func findSignature(sigsJSON []byte, userID string, keyID gomatrixserverlib.KeyID) (spec.Base64Bytes, bool) {
+	if sigsJSON == nil {
+		return nil, false
+	}
+	var (
+		found     spec.Base64Bytes
+		ok, plain = false, true
+		bad       = false
+	)
+	walked := gjson.ParseBytes(sigsJSON)
+	if !walked.IsObject() {
+		plain = false
+	}
+	walked.ForEach(func(user, keys gjson.Result) bool {
+		if !plainString(user) || !keys.IsObject() {
+			plain = false
+			return false
+		}
+		if user.Str == userID {
+			// A repeated user replaces the keys before, as in a decoder.
+			found, ok = nil, false
+		}
+		keys.ForEach(func(id, value gjson.Result) bool {
+			if !plainString(id) || value.Type != gjson.String || !plainString(value) {
+				plain = false
+				return false
+			}
+			var sig spec.Base64Bytes
+			if sig.Decode(value.Str) != nil {
+				bad = true
+				return false
+			}
+			if user.Str == userID && id.Str == string(keyID) {
+				found, ok = sig, true // the last of repeated IDs, as in a decoder
+			}
+			return true
+		})
+		return plain && !bad
+	})
+	if !plain {
+		var sigs map[string]map[gomatrixserverlib.KeyID]spec.Base64Bytes
+		if json.Unmarshal(sigsJSON, &sigs) != nil {
+			return nil, false
+		}
+		found, ok = sigs[userID][keyID]
+		return found, ok
+	}
+	if bad {
+		return nil, false
+	}
+	return found, ok
+}
+
+// plainString reports whether a JSON string (a value or a member name) is
+// free of escapes and ASCII, so that its raw text is what a decoder reads.
+func plainString(r gjson.Result) bool {
+	return len(r.Raw) == len(r.Str)+2 && r.Raw[0] == '"' && isASCII(r.Str)
 }

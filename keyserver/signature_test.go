@@ -262,3 +262,33 @@ func BenchmarkOneTimeKeySignatures(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCheckOneTimeKeys checks five signed one-time keys as an upload
+// does: shape, canonical JSON and signature.
+func BenchmarkCheckOneTimeKeys(b *testing.B) {
+	v, err := testvectors.Load()
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := v.Clients[0]
+	dk, err := ParseDeviceKeys(c.DeviceKeys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var names []string
+	var raws []json.RawMessage
+	for name, k := range c.OneTimeKeys {
+		names, raws = append(names, name), append(raws, k)
+	}
+	for len(raws) < 5 {
+		names, raws = append(names, names[0]), append(raws, raws[0])
+	}
+	for b.Loop() {
+		key := newIdentityKey(dk.Ed25519())
+		for i := range 5 {
+			if _, err := checkOneTimeKey("one_time_keys", names[i], raws[i], c.UserID, c.DeviceID, key); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -166,6 +166,9 @@ func parseDeviceKeys(raw json.RawMessage, wellFormedKeys bool) (*DeviceKeys, err
 // storedIdentityKeys reads the ed25519 and curve25519 keys from device keys
 // this server checked and stored before, without checking them again.
 func storedIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, err error) {
+	if ed, curve, ok := walkIdentityKeys(raw); ok {
+		return ed, curve, nil
+	}
 	var f struct {
 		DeviceID string            `json:"device_id"`
 		Keys     map[string]string `json:"keys"`
@@ -174,6 +177,51 @@ func storedIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, err error
 		return "", "", fmt.Errorf("stored device keys: %w", err)
 	}
 	return f.Keys["ed25519:"+f.DeviceID], f.Keys["curve25519:"+f.DeviceID], nil
+}
+
+// walkIdentityKeys is storedIdentityKeys in one walk of the object, for
+// the canonical JSON this server stores; ok is false where a decoder might
+// read it otherwise (escapes, names outside ASCII or matching a field by
+// case folding only, values of other types), and the caller decodes it.
+func walkIdentityKeys(raw []byte) (ed25519Key, curve25519Key string, ok bool) {
+	obj := gjson.ParseBytes(raw)
+	if !gjson.ValidBytes(raw) || !obj.IsObject() {
+		return "", "", false
+	}
+	var deviceID string
+	var keys gjson.Result
+	ok = true
+	seenID, seenKeys := false, false
+	obj.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case !plainString(k):
+			ok = false
+		case k.Str == "device_id" && v.Type == gjson.String && plainString(v) && !seenID:
+			deviceID, seenID = v.Str, true
+		case k.Str == "keys" && v.IsObject() && !seenKeys:
+			keys, seenKeys = v, true // a decoder merges repeated ones
+		case strings.EqualFold(k.Str, "device_id") || strings.EqualFold(k.Str, "keys"):
+			ok = false // repeated, of another type, or matched by case folding
+		}
+		return ok
+	})
+	if !ok {
+		return "", "", false
+	}
+	keys.ForEach(func(k, v gjson.Result) bool {
+		if !plainString(k) || v.Type != gjson.String || !plainString(v) {
+			ok = false
+			return false
+		}
+		switch k.Str {
+		case "ed25519:" + deviceID:
+			ed25519Key = v.Str
+		case "curve25519:" + deviceID:
+			curve25519Key = v.Str
+		}
+		return true
+	})
+	return ed25519Key, curve25519Key, ok
 }
 
 // VerifySelfSignature checks the device's signature of its own keys.
@@ -210,23 +258,30 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		if !isObject {
 			return nil, mxerr.BadJSON("%s.%s must be an object", field, name)
 		}
-		var k struct {
-			Key        *string         `json:"key"`
-			Signatures json.RawMessage `json:"signatures"`
-		}
-		if err := json.Unmarshal(raw, &k); err != nil || k.Key == nil {
-			return nil, mxerr.BadJSON("%s.%s must have a string \"key\"", field, name)
+		value, plain, ok := signedKeyValue(raw)
+		if !ok {
+			// What the walk does not answer for sure, a decoder does.
+			var k struct {
+				Key *string `json:"key"`
+			}
+			if err := json.Unmarshal(raw, &k); err != nil || k.Key == nil {
+				return nil, mxerr.BadJSON("%s.%s must have a string \"key\"", field, name)
+			}
+			value, plain = *k.Key, plainObject(raw)
 		}
 		if alg == "signed_curve25519" {
-			if b, err := decodeBase64(*k.Key); err != nil || len(b) != 32 {
+			if b, err := decodeBase64(value); err != nil || len(b) != 32 {
 				return nil, mxerr.InvalidParam("%s.%s: key is not a 32-byte base64 key", field, name)
 			}
 		}
 		if key.missing() {
 			return nil, mxerr.InvalidParam("%s: the device has no identity keys to verify %s with; upload device_keys first", field, name)
 		}
-		c, err := canonicalOfDecoded(raw) // decoded into k above
-		if err != nil {
+		// raw is valid JSON: the walk or the decoder checked it.
+		var c []byte
+		if plain {
+			c = gomatrixserverlib.CanonicalJSONAssumeValid(raw)
+		} else if c, err = canonicalDecoded(raw); err != nil {
 			return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 		}
 		if err := verifySignedBy(c, userID, deviceID, key); err != nil {
@@ -251,6 +306,58 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 	}
 	return c, nil
+}
+
+// signedKeyValue reads the string "key" of a signed key object in one walk
+// of its members, with the answer json.Unmarshal into a struct with a
+// *string "key" field would give, and reports whether the object is plain
+// (see plainObject). ok is false where the walk cannot be sure of that
+// answer, and the caller decodes instead: raw not valid JSON, member names
+// with escapes or outside ASCII (a decoder unescapes them, and matches
+// names by Unicode case folding), "key" under two names matching it, or
+// its value not a string free of escapes and outside ASCII. A real client's key has none of
+// these.
+func signedKeyValue(raw []byte) (value string, plain, ok bool) {
+	if !gjson.ValidBytes(raw) {
+		return "", false, false
+	}
+	obj := gjson.ParseBytes(raw)
+	if !obj.IsObject() {
+		return "", false, false
+	}
+	ok, plain = true, true
+	found := false
+	var seen [8]string
+	names := seen[:0]
+	obj.ForEach(func(k, v gjson.Result) bool {
+		name := k.Str
+		if !plainString(k) {
+			ok = false
+			return false
+		}
+		if strings.EqualFold(name, "key") {
+			if found || name != "key" || v.Type != gjson.String || !plainString(v) {
+				ok = false
+				return false
+			}
+			found, value = true, v.Str
+		}
+		if name == "unsigned" || slices.Contains(names, name) {
+			plain = false
+		}
+		names = append(names, name)
+		return true
+	})
+	return value, plain, ok && found
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // checkOneTimeKeyShape checks one one-time or fallback key as

@@ -135,3 +135,8 @@ func IsUniqueViolation(err error) bool {
 // MigrationLock is the advisory lock key that keeps several daemons sharing
 // one database from migrating it at the same time.
 const MigrationLock = 0x6b657973 // "keys"
+
+// DeviceKeysLock is the first key of the advisory locks that serialize the
+// changes of a device's keys (uploads, deletion); the second is a hash of
+// the user and device IDs. Locks of two keys never meet MigrationLock.
+const DeviceKeysLock = 0x6f746b73 // "otks"

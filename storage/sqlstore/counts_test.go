@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -209,6 +210,123 @@ func TestOneTimeKeyCountsMigrateFromStoredKeys(t *testing.T) {
 		s := open(t, db)
 		if got := counted(t, s, u, "D1"); got["signed_curve25519"] != 2 || got["other"] != 1 {
 			t.Fatalf("migrated counts: %v", got)
+		}
+	})
+}
+
+// Uploads to one device through two stores on one database (two daemons)
+// queue behind each other: each sees the count the one before it left, so
+// a cap decided from the counts holds and no upload's keys are lost.
+func TestUploadsFromTwoStoresKeepTheCap(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		stores := []*sqlstore.Store{open(t, db), open(t, db)}
+		const u, limit, perUpload = "@a:x", 30, 4
+		errOverCap := errors.New("over the cap")
+		// Each round a fresh device, whose last uploads below the cap race.
+		for round := 0; round < 10; round++ {
+			d := fmt.Sprint("D", round)
+			if _, err := stores[0].Login(ctx, storage.NewLogin{UserID: u, DeviceID: d, TokenHash: "t" + d}); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			accepted := 0
+			errs := make(chan error, 8)
+			for w := 0; w < 8; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s := stores[w%2]
+					for i := 0; i < 2; i++ {
+						keys := keysNamed(fmt.Sprintf("w%d_%d_", w, i), perUpload, "signed_curve25519")
+						_, err := s.UploadKeys(ctx, u, d, nil, func(st storage.KeyState) (storage.KeyWrite, error) {
+							if st.Counts["signed_curve25519"]+perUpload > limit {
+								return storage.KeyWrite{}, errOverCap
+							}
+							return storage.KeyWrite{OneTimeKeys: keys}, nil
+						})
+						switch {
+						case err == nil:
+							mu.Lock()
+							accepted++
+							mu.Unlock()
+						case !errors.Is(err, errOverCap):
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			got := counted(t, stores[0], u, d)["signed_curve25519"]
+			if got > limit || got != accepted*perUpload || got <= limit-perUpload {
+				t.Fatalf("round %d: %d keys stored by %d accepted uploads of %d, cap %d", round, got, accepted, perUpload, limit)
+			}
+		}
+	})
+}
+
+// A device deleted while uploads to it run leaves no keys or counts
+// behind: an upload either commits before the deletion, which deletes its
+// keys, or finds the device gone. Uploads that change the device's keys
+// (which lock its row as the deletion does) race them too.
+func TestUploadRacingDeviceDeletionLeavesNothing(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		stores := []*sqlstore.Store{open(t, db), open(t, db)}
+		const u = "@a:x"
+		for round := 0; round < 20; round++ {
+			d := fmt.Sprint("D", round)
+			if _, err := stores[0].Login(ctx, storage.NewLogin{UserID: u, DeviceID: d, TokenHash: "t" + d}); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for w := 0; w < 3; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						keys := keysNamed(fmt.Sprintf("w%d_%d_", w, i), 3, "signed_curve25519")
+						_, err := stores[w%2].UploadKeys(ctx, u, d, nil, func(storage.KeyState) (storage.KeyWrite, error) {
+							write := storage.KeyWrite{OneTimeKeys: keys, FallbackKeys: keys[:1]}
+							if w == 0 {
+								write.DeviceKeys = []byte(fmt.Sprintf(`{"device_id":%q,"n":%d}`, d, i))
+							}
+							return write, nil
+						})
+						if errors.Is(err, storage.ErrNotFound) {
+							return
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			if _, _, err := stores[1].DeleteDevices(ctx, u, []string{d}); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			for _, table := range []string{"one_time_keys", "one_time_key_counts", "fallback_keys"} {
+				var left int
+				if err := stores[0].DB().QueryRow(`SELECT COUNT(*) FROM `+table+` WHERE user_id = $1 AND device_id = $2`, u, d).Scan(&left); err != nil {
+					t.Fatal(err)
+				}
+				if left != 0 {
+					t.Fatalf("round %d: %d rows left in %s for the deleted device", round, left, table)
+				}
+			}
 		}
 	})
 }

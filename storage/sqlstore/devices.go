@@ -227,6 +227,12 @@ func (s *Store) deleteDevices(ctx context.Context, tx *txn, userID string, devic
 	if len(deleted) == 0 {
 		return nil, 0, nil
 	}
+	// An upload to one of the devices either commits first, and its keys
+	// are deleted here, or waits and finds the device gone. The rows are
+	// locked first, in device order, as lockDeviceKeys requires.
+	if err := s.lockDeviceKeys(ctx, tx, userID, deleted); err != nil {
+		return nil, 0, err
+	}
 	in := ` WHERE user_id = $1 AND device_id IN (` + placeholders(2, len(deleted)) + `)`
 	// Their to-device inboxes go too, and a dehydrated device its mark.
 	for _, table := range []string{"access_tokens", "one_time_keys", "one_time_key_counts", "fallback_keys", "to_device_inbox",

@@ -12,11 +12,11 @@ import (
 )
 
 // UploadKeys runs one key upload as a single transaction. It reads the
-// device's key state (locking the device row, so uploads for one device
-// queue behind each other), lets decide choose what to write from it, and
-// writes that. decide's error aborts the upload with nothing written.
-// oneTimeKeyIDs are the full IDs ("alg:id") the upload names, so that the
-// state includes any of them already stored.
+// device's key state (holding the device's key lock, so uploads for one
+// device queue behind each other, see lockDeviceKeys), lets decide choose
+// what to write from it, and writes that. decide's error aborts the upload
+// with nothing written. oneTimeKeyIDs are the full IDs ("alg:id") the
+// upload names, so that the state includes any of them already stored.
 //
 // Almost every upload brings only new one-time keys, so a first attempt
 // assumes that none is stored and does not look them up: PostgreSQL plans
@@ -29,25 +29,44 @@ import (
 func (s *Store) UploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
 	decide func(storage.KeyState) (storage.KeyWrite, error)) (_ storage.UploadResult, err error) {
 	defer named("UploadKeys", &err)
+	lockRow := false
+	for {
+		res, err := s.uploadKeysLocked(ctx, userID, deviceID, oneTimeKeyIDs, decide, lockRow)
+		if errors.Is(err, errDeviceKeysChange) && !lockRow {
+			lockRow = true // rare: once in a device's life
+			continue
+		}
+		return res, err
+	}
+}
+
+// uploadKeysLocked is UploadKeys with the device's row locked too when
+// lockRow (see lockDeviceKeys).
+func (s *Store) uploadKeysLocked(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
+	decide func(storage.KeyState) (storage.KeyWrite, error), lockRow bool) (storage.UploadResult, error) {
 	if len(oneTimeKeyIDs) > 0 {
-		res, err := s.uploadKeys(ctx, userID, deviceID, nil, decide, true)
+		res, err := s.uploadKeys(ctx, userID, deviceID, nil, decide, true, lockRow)
 		if !errors.Is(err, errNotAllNew) {
 			return res, err
 		}
 	}
-	return s.uploadKeys(ctx, userID, deviceID, oneTimeKeyIDs, decide, false)
+	return s.uploadKeys(ctx, userID, deviceID, oneTimeKeyIDs, decide, false, lockRow)
 }
 
 // errNotAllNew ends an upload's first attempt when one of its one-time keys
 // was stored before, or when decide refused the upload without seeing them.
 var errNotAllNew = errors.New("an uploaded one-time key may be stored already")
 
+// errDeviceKeysChange ends an upload that changes the device's keys
+// without holding the device's row lock: it runs again, taking it first.
+var errDeviceKeysChange = errors.New("the upload changes the device keys")
+
 func (s *Store) uploadKeys(ctx context.Context, userID, deviceID string, oneTimeKeyIDs []string,
-	decide func(storage.KeyState) (storage.KeyWrite, error), assumeNew bool) (storage.UploadResult, error) {
+	decide func(storage.KeyState) (storage.KeyWrite, error), assumeNew, lockRow bool) (storage.UploadResult, error) {
 	var res storage.UploadResult
 	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.UploadResult{}
-		state, err := s.keyState(ctx, tx, userID, deviceID, oneTimeKeyIDs)
+		state, err := s.keyState(ctx, tx, userID, deviceID, oneTimeKeyIDs, lockRow)
 		if err != nil {
 			return err
 		}
@@ -59,6 +78,9 @@ func (s *Store) uploadKeys(ctx context.Context, userID, deviceID string, oneTime
 			return err
 		}
 		if w.DeviceKeys != nil && !bytes.Equal(w.DeviceKeys, state.DeviceKeys) {
+			if s.d.lockDeviceKeys != "" && !lockRow {
+				return errDeviceKeysChange
+			}
 			if _, err := tx.ExecContext(ctx, `UPDATE devices SET key_json = $1 WHERE user_id = $2 AND device_id = $3`,
 				string(w.DeviceKeys), userID, deviceID); err != nil {
 				return err
@@ -99,23 +121,29 @@ func (s *Store) uploadKeys(ctx context.Context, userID, deviceID string, oneTime
 // lookup of its existing keys stops using one indexed term per algorithm.
 const maxAlgorithmTerms = 8
 
-func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, otkIDs []string) (storage.KeyState, error) {
+func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, otkIDs []string, lockRow bool) (storage.KeyState, error) {
 	st := storage.KeyState{
 		ExistingOneTimeKeys: map[string][]byte{},
 		Counts:              map[string]int{},
 		Fallback:            map[string]storage.FallbackKey{},
 	}
-	var keys []byte
-	err := tx.QueryRowContext(ctx, `SELECT key_json FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
-		userID, deviceID).Scan(&keys)
-	if err != nil {
-		return st, notFound(err)
+	if lockRow {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM devices WHERE user_id = $1 AND device_id = $2`+s.d.forUpdate,
+			userID, deviceID).Scan(&one)
+		if err != nil {
+			return st, notFound(err)
+		}
 	}
-	st.DeviceKeys = keys
-
-	// The rest in one round trip: unclaimed counts, the named one-time keys
-	// already stored, and the fallback keys.
+	if err := s.lockDeviceKeys(ctx, tx, userID, []string{deviceID}); err != nil {
+		return st, err
+	}
+	// All in one round trip, read after the lock is held: the device's
+	// keys (its row is there, with 1, while the device exists), unclaimed
+	// counts, the named one-time keys already stored, and the fallback keys.
 	query := `
+		SELECT 'device', '', '', key_json, 1 FROM devices WHERE user_id = $1 AND device_id = $2
+		UNION ALL
 		SELECT 'count', algorithm, '', '', unclaimed FROM one_time_key_counts
 		WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
 		UNION ALL
@@ -159,6 +187,7 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 		return st, err
 	}
 	defer rows.Close()
+	device := false
 	for rows.Next() {
 		var kind string
 		var k storage.Key
@@ -167,6 +196,8 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 			return st, err
 		}
 		switch kind {
+		case "device":
+			device, st.DeviceKeys = true, k.JSON
 		case "count":
 			st.Counts[k.Algorithm] = n
 		case "fallback":
@@ -175,7 +206,40 @@ func (s *Store) keyState(ctx context.Context, tx *txn, userID, deviceID string, 
 			st.ExistingOneTimeKeys[k.FullID()] = k.JSON
 		}
 	}
-	return st, rows.Err()
+	if err := rows.Err(); err != nil {
+		return st, err
+	}
+	if !device {
+		return st, storage.ErrNotFound
+	}
+	return st, nil
+}
+
+// lockDeviceKeys takes the key locks of the devices (in the order given)
+// until the transaction ends. Every upload takes its device's lock before
+// it reads the device's counts and keys, so that it reads them only once
+// the upload before it has committed: the cap of one-time keys holds
+// across daemons sharing the database. On PostgreSQL it is an advisory
+// lock, which writes nothing: locking the device's row instead (SELECT ...
+// FOR UPDATE) writes the lock into the row, with a WAL record and a dirty
+// page, on every upload. SQLite has one writer at a time and needs none.
+//
+// The rare upload that changes the device's keys, and the deletion of
+// devices, lock the devices' rows first and then take these locks, in
+// that order, so that neither deadlocks with the other or with an upload
+// of one-time keys (which takes no row lock of the devices table). A
+// deletion thus waits for the uploads running, and uploads after it find
+// the device gone: none stores keys for a deleted device.
+func (s *Store) lockDeviceKeys(ctx context.Context, tx *txn, userID string, deviceIDs []string) error {
+	if s.d.lockDeviceKeys == "" {
+		return nil
+	}
+	for _, id := range deviceIDs {
+		if _, err := tx.ExecContext(ctx, s.d.lockDeviceKeys, userID, id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // insertOneTimeKeys stores keys in their order with multi-row INSERTs, so

@@ -28,6 +28,10 @@ type dialect struct {
 	// forUpdate is appended to a SELECT that must lock the rows it reads
 	// until the transaction ends; SQLite needs none (one writer at a time).
 	forUpdate string
+	// lockDeviceKeys takes the transaction-long lock of a device's keys
+	// ($1 user, $2 device; see Store.lockDeviceKeys), "" where none is
+	// needed (SQLite).
+	lockDeviceKeys string
 	// oldestKey selects the id of a device's oldest one-time key of an
 	// algorithm ($1 user, $2 device, $3 algorithm), for a claim to delete.
 	oldestKey string
@@ -88,6 +92,9 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		d = dialect{
 			name: "postgres", schema: postgres.Schema,
 			forUpdate: " FOR UPDATE",
+			// Devices whose IDs hash alike share a lock, which costs them
+			// only some waiting.
+			lockDeviceKeys: `SELECT pg_advisory_xact_lock(` + strconv.Itoa(postgres.DeviceKeysLock) + `, hashtext($1 || ' ' || $2))`,
 			// SKIP LOCKED: concurrent claims take different keys instead
 			// of waiting for and then missing the same one.
 			oldestKey: `SELECT id FROM one_time_keys WHERE user_id = $1 AND device_id = $2 AND algorithm = $3
