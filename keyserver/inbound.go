@@ -177,6 +177,9 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 		}
 		upd.KeyJSON = dk.Canonical
 	}
+	// A gap is resynced at once, within SendWait: other daemons wait for
+	// that fetch rather than sending their own.
+	upd.ResyncHoldUntil = s.nowMS() + s.opts.SendWait.Milliseconds()
 	res, err := s.db.ApplyRemoteDeviceUpdate(ctx, upd)
 	if err != nil {
 		return "", err

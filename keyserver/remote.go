@@ -144,7 +144,7 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := s.sharedResync(ctx, server, u)
+			l, err := s.sharedResync(ctx, server, u, cached[u] != nil && cached[u].Stale)
 			out[i] = fetched{l, err}
 		}()
 	}
@@ -179,22 +179,35 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 // goes on when the query that started it gives up.
 const sharedResyncTimeout = 30 * time.Second
 
+// resyncHold is how long a resync holds its stale user against the other
+// daemons sharing the database (see storage.Database.HoldResync): longer
+// than a fetch takes, so that a hold ends early only when its daemon
+// stopped; and resyncPoll how often a daemon waiting for another's fetch
+// looks whether it is over.
+const (
+	resyncHold = 15 * time.Second
+	resyncPoll = 20 * time.Millisecond
+)
+
 // sharedResync is ResyncRemoteUser for queries: the queries that need a
 // user's list while it is being fetched wait for that fetch instead of
 // each sending their own, so that clients asking at once for a user whose
-// list is stale make one request to the user's server.
-func (s *Service) sharedResync(ctx context.Context, server, userID string) (*storage.RemoteDeviceList, error) {
-	return s.joinResync(ctx, server, userID, false)
+// list must be fetched make one request to the user's server. For a user
+// marked stale (stale), the daemons sharing the database do the same: the
+// fetch waits for one another daemon holds.
+func (s *Service) sharedResync(ctx context.Context, server, userID string, stale bool) (*storage.RemoteDeviceList, error) {
+	return s.joinResync(ctx, server, userID, false, stale)
 }
 
 // freshResync is the resync an incoming update needs: a fetch begun
 // before the update arrived may miss it, so it starts one of its own, which
-// the queries that come after it then share.
+// the queries that come after it then share. The update's write marked the
+// user stale and held it for this fetch.
 func (s *Service) freshResync(ctx context.Context, server, userID string) (*storage.RemoteDeviceList, error) {
-	return s.joinResync(ctx, server, userID, true)
+	return s.joinResync(ctx, server, userID, true, false)
 }
 
-func (s *Service) joinResync(ctx context.Context, server, userID string, fresh bool) (*storage.RemoteDeviceList, error) {
+func (s *Service) joinResync(ctx context.Context, server, userID string, fresh, stale bool) (*storage.RemoteDeviceList, error) {
 	if s.fed == nil {
 		return nil, errNoFederation
 	}
@@ -204,7 +217,18 @@ func (s *Service) joinResync(ctx context.Context, server, userID string, fresh b
 	ch := s.resyncs.DoChan(userID, func() (any, error) {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sharedResyncTimeout)
 		defer cancel()
-		return s.ResyncRemoteUser(fctx, server, userID)
+		var l *storage.RemoteDeviceList
+		var err error
+		switch {
+		case stale:
+			l, err = s.heldResync(fctx, server, userID, true)
+		default:
+			l, err = s.ResyncRemoteUser(fctx, server, userID)
+			if err != nil && fresh {
+				s.releaseResync(fctx, userID)
+			}
+		}
+		return l, err
 	})
 	select {
 	case r := <-ch:
@@ -214,6 +238,68 @@ func (s *Service) joinResync(ctx context.Context, server, userID string, fresh b
 		return r.Val.(*storage.RemoteDeviceList), nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// heldResync resyncs a user marked stale once it holds the resync. When
+// another daemon holds it, a query (wait) waits for that fetch and reads
+// its result, or tries again once the hold ends; the updater (not wait)
+// leaves the user to it. A user no longer marked was resynced meanwhile:
+// the list cached is read back (nil for the updater, which needs nothing).
+func (s *Service) heldResync(ctx context.Context, server, userID string, wait bool) (*storage.RemoteDeviceList, error) {
+	for {
+		now := s.nowMS()
+		held, stale, err := s.db.HoldResync(ctx, userID, now, now+resyncHold.Milliseconds())
+		if err != nil {
+			return nil, err
+		}
+		if held {
+			l, err := s.ResyncRemoteUser(ctx, server, userID)
+			if err != nil {
+				s.releaseResync(ctx, userID)
+			}
+			return l, err
+		}
+		if stale && !wait {
+			return nil, nil
+		}
+		for stale {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(resyncPoll):
+			}
+			e, ok, err := s.db.StaleEntry(ctx, userID)
+			if err != nil {
+				return nil, err
+			}
+			if ok && e.ResyncUntil <= s.nowMS() {
+				break // the hold ended without a result: try to take it
+			}
+			stale = ok
+		}
+		if stale {
+			continue
+		}
+		if !wait {
+			return nil, nil
+		}
+		lists, err := s.db.RemoteDeviceLists(ctx, []string{userID})
+		if err != nil {
+			return nil, err
+		}
+		if l := lists[userID]; l != nil && !l.Stale {
+			return l, nil
+		}
+		// Marked again, or its list dropped, meanwhile: go round.
+	}
+}
+
+// releaseResync gives up a hold after a failed fetch, so that the others
+// need not wait for it to end.
+func (s *Service) releaseResync(ctx context.Context, userID string) {
+	if err := s.db.ReleaseResync(context.WithoutCancel(ctx), userID); err != nil {
+		s.logger(ctx).WithFields(logrus.Fields{"user_id": userID, "error": err.Error()}).Warn("could not release a resync hold; it ends by itself")
 	}
 }
 

@@ -127,8 +127,10 @@ func New(db storage.Database, opts Options) *Service {
 		if uo.Logger == nil {
 			uo.Logger = opts.Logger
 		}
+		// The updater resyncs users marked stale, unless another daemon
+		// holds the resync (it is due again if that one fails).
 		s.updater = updater.New(db, func(ctx context.Context, server, userID string) error {
-			_, err := s.ResyncRemoteUser(ctx, server, userID)
+			_, err := s.heldResync(ctx, server, userID, false)
 			return err
 		}, uo)
 	}

@@ -230,6 +230,10 @@ type RemoteDeviceUpdate struct {
 	Deleted     bool
 	KeyJSON     []byte // canonical device keys; nil when the update has none
 	DisplayName *string
+	// ResyncHoldUntil: when the update leaves the user stale, the
+	// receiver resyncs at once and holds the resync until then (see
+	// HoldResync).
+	ResyncHoldUntil int64
 }
 
 // ApplyOutcome is what became of a remote update.
@@ -255,6 +259,8 @@ type StaleUser struct {
 	ServerName string
 	Attempts   int
 	RetryAtTS  int64
+	// ResyncUntil: a resync holds the user until then (see HoldResync).
+	ResyncUntil int64
 }
 
 // OutboundUpdate is a pending device-list update for one destination, with
@@ -461,6 +467,14 @@ type Database interface {
 	// RetryServerNow makes them all due.
 	DeferServer(ctx context.Context, serverName string, until int64) error
 	RetryServerNow(ctx context.Context, serverName string) error
+	// HoldResync takes a stale user's resync until a time, unless another
+	// holds it: held when taken, stale when the user is still marked (a
+	// user not marked was resynced meanwhile). Daemons sharing a database
+	// wait for the holder's fetch rather than each sending their own.
+	// ReleaseResync gives it up after a failed fetch (a successful one
+	// removes the mark with the hold).
+	HoldResync(ctx context.Context, userID string, now, until int64) (held, stale bool, err error)
+	ReleaseResync(ctx context.Context, userID string) error
 
 	// Outbound device-list updates, queued per destination in the
 	// transaction of each local change.

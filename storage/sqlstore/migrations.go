@@ -525,6 +525,12 @@ CREATE TABLE outbound_pdus (
 );
 CREATE INDEX outbound_pdus_destination ON outbound_pdus (destination, id);
 `},
+	{17, "stale device lists: a resync in progress holds its user", `
+-- until when a daemon fetching the user's list holds it (milliseconds; 0:
+-- nobody): the others wait for that fetch instead of sending their own,
+-- and the updater leaves the user alone meanwhile
+ALTER TABLE stale_device_lists ADD COLUMN resync_until {{BIGINT}} NOT NULL DEFAULT 0;
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

@@ -232,11 +232,12 @@ func (s *Store) StoreInboundTransaction(ctx context.Context, origin, txnID strin
 	})
 }
 
-// DueStaleUsers returns stale users whose retry time has come, earliest first.
+// DueStaleUsers returns stale users whose retry time has come and whose
+// resync nobody holds, earliest first.
 func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) (_ []storage.StaleUser, err error) {
 	defer named("DueStaleUsers", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT user_id, server_name, attempts, retry_at_ts FROM stale_device_lists
-		WHERE retry_at_ts <= $1 ORDER BY retry_at_ts, user_id LIMIT $2`, now, limit)
+	rows, err := s.q.QueryContext(ctx, `SELECT user_id, server_name, attempts, retry_at_ts, resync_until FROM stale_device_lists
+		WHERE retry_at_ts <= $1 AND resync_until <= $1 ORDER BY retry_at_ts, user_id LIMIT $2`, now, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +245,7 @@ func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) (_ []st
 	var out []storage.StaleUser
 	for rows.Next() {
 		var u storage.StaleUser
-		if err := rows.Scan(&u.UserID, &u.ServerName, &u.Attempts, &u.RetryAtTS); err != nil {
+		if err := rows.Scan(&u.UserID, &u.ServerName, &u.Attempts, &u.RetryAtTS, &u.ResyncUntil); err != nil {
 			return nil, err
 		}
 		out = append(out, u)
@@ -256,8 +257,8 @@ func (s *Store) DueStaleUsers(ctx context.Context, now int64, limit int) (_ []st
 func (s *Store) StaleEntry(ctx context.Context, userID string) (_ storage.StaleUser, _ bool, err error) {
 	defer named("StaleEntry", &err)
 	u := storage.StaleUser{UserID: userID}
-	err = s.q.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts FROM stale_device_lists WHERE user_id = $1`, userID).
-		Scan(&u.ServerName, &u.Attempts, &u.RetryAtTS)
+	err = s.q.QueryRowContext(ctx, `SELECT server_name, attempts, retry_at_ts, resync_until FROM stale_device_lists WHERE user_id = $1`, userID).
+		Scan(&u.ServerName, &u.Attempts, &u.RetryAtTS, &u.ResyncUntil)
 	if err == sql.ErrNoRows {
 		return u, false, nil
 	}
@@ -272,11 +273,13 @@ func (s *Store) StaleCount(ctx context.Context) (_ int, err error) {
 	return n, err
 }
 
-// NextStaleRetry returns the earliest retry time of any stale user.
+// NextStaleRetry returns the earliest retry time of any stale user (for a
+// user whose resync is held, the end of the hold if later).
 func (s *Store) NextStaleRetry(ctx context.Context) (_ int64, _ bool, err error) {
 	defer named("NextStaleRetry", &err)
 	var at sql.NullInt64
-	err = s.q.QueryRowContext(ctx, `SELECT MIN(retry_at_ts) FROM stale_device_lists`).Scan(&at)
+	err = s.q.QueryRowContext(ctx, `SELECT MIN(CASE WHEN resync_until > retry_at_ts THEN resync_until ELSE retry_at_ts END)
+		FROM stale_device_lists`).Scan(&at)
 	return at.Int64, at.Valid, err
 }
 

@@ -357,13 +357,49 @@ func sameDevice(a, b storage.RemoteDevice) bool {
 // for a resync now (a user already marked keeps its retry state).
 func (s *Store) MarkRemoteStale(ctx context.Context, userID, serverName string, now int64) (err error) {
 	defer named("MarkRemoteStale", &err)
-	return s.write(ctx, func(tx *txn) error { return markStale(ctx, tx, userID, serverName, now) })
+	return s.write(ctx, func(tx *txn) error { return markStale(ctx, tx, userID, serverName, now, 0) })
 }
 
-func markStale(ctx context.Context, tx *txn, userID, serverName string, now int64) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts, attempts, retry_at_ts)
-		VALUES ($1, $2, $3, 0, 0) ON CONFLICT (user_id) DO NOTHING`, userID, serverName, now)
+// markStale marks a user stale; holdUntil > 0 also holds the resync for
+// the caller until then (see HoldResync), taking it from any holder.
+func markStale(ctx context.Context, tx *txn, userID, serverName string, now, holdUntil int64) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts, attempts, retry_at_ts, resync_until)
+		VALUES ($1, $2, $3, 0, 0, $4) ON CONFLICT (user_id) DO UPDATE SET resync_until = excluded.resync_until
+		WHERE excluded.resync_until > 0`, userID, serverName, now, holdUntil)
 	return err
+}
+
+// HoldResync takes a stale user's resync until a time unless another
+// daemon holds it.
+func (s *Store) HoldResync(ctx context.Context, userID string, now, until int64) (held, stale bool, err error) {
+	defer named("HoldResync", &err)
+	err = s.write(ctx, func(tx *txn) error {
+		var current int64
+		err := tx.QueryRowContext(ctx, `SELECT resync_until FROM stale_device_lists WHERE user_id = $1`+s.d.forUpdate, userID).Scan(&current)
+		if err == sql.ErrNoRows {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		stale = true
+		if current > now {
+			return nil
+		}
+		held = true
+		_, err = tx.ExecContext(ctx, `UPDATE stale_device_lists SET resync_until = $1 WHERE user_id = $2`, until, userID)
+		return err
+	})
+	return held, stale, err
+}
+
+// ReleaseResync gives up a hold on a user's resync.
+func (s *Store) ReleaseResync(ctx context.Context, userID string) (err error) {
+	defer named("ReleaseResync", &err)
+	return s.write(ctx, func(tx *txn) error {
+		_, err := tx.ExecContext(ctx, `UPDATE stale_device_lists SET resync_until = 0 WHERE user_id = $1`, userID)
+		return err
+	})
 }
 
 // keptStreamIDs is how many recent stream_ids are remembered per remote
@@ -407,7 +443,7 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, u.UserID).Scan(&current)
 		if err == sql.ErrNoRows {
 			res.Outcome = storage.NeedResync
-			return markStale(ctx, tx, u.UserID, serverName, 0)
+			return markStale(ctx, tx, u.UserID, serverName, 0, u.ResyncHoldUntil)
 		}
 		if err != nil {
 			return err
@@ -436,7 +472,7 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 		for _, p := range u.PrevIDs {
 			if !seen[p] {
 				res.Outcome = storage.NeedResync
-				return markStale(ctx, tx, u.UserID, serverName, 0)
+				return markStale(ctx, tx, u.UserID, serverName, 0, u.ResyncHoldUntil)
 			}
 		}
 

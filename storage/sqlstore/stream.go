@@ -176,7 +176,7 @@ func (s *Store) txSetMembership(ctx context.Context, tx *txn, roomID, userID, me
 			}
 			if tracked == 0 {
 				server := u[strings.IndexByte(u, ':')+1:]
-				if err := markStale(ctx, tx, u, server, now); err != nil {
+				if err := markStale(ctx, tx, u, server, now, 0); err != nil {
 					return nil, err
 				}
 				newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: server})
