@@ -3,9 +3,10 @@ package keyserver
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/keyserver/keyserver/internal/slots"
 )
 
 // bcrypt's functions, replaced by tests that watch how many run at once.
@@ -18,10 +19,7 @@ var (
 // CPU for tens of milliseconds at the default cost: a flood of logins
 // would otherwise take every CPU from the other requests, where now it
 // only makes the logins wait their turn.
-type passwordPool struct {
-	slots   chan struct{}
-	waiting atomic.Int64
-}
+type passwordPool struct{ *slots.Slots }
 
 // defaultBcryptConcurrency leaves half of the CPUs to everything else.
 func defaultBcryptConcurrency() int { return max(1, runtime.GOMAXPROCS(0)/2) }
@@ -30,26 +28,12 @@ func newPasswordPool(n int) *passwordPool {
 	if n <= 0 {
 		n = defaultBcryptConcurrency()
 	}
-	return &passwordPool{slots: make(chan struct{}, n)}
+	return &passwordPool{slots.New(n)}
 }
 
 // do runs f once a slot is free, or gives up when ctx ends.
 func (p *passwordPool) do(ctx context.Context, f func()) error {
-	select {
-	case p.slots <- struct{}{}:
-	default:
-		p.waiting.Add(1)
-		select {
-		case p.slots <- struct{}{}:
-			p.waiting.Add(-1)
-		case <-ctx.Done():
-			p.waiting.Add(-1)
-			return ctx.Err()
-		}
-	}
-	defer func() { <-p.slots }()
-	f()
-	return nil
+	return p.Do(ctx, func() error { f(); return nil })
 }
 
 // hashPassword hashes a password in the pool.

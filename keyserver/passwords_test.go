@@ -72,9 +72,9 @@ func TestPasswordPoolBoundsConcurrency(t *testing.T) {
 	}
 	// Every login is either checking its password or waiting for a slot.
 	deadline := time.Now().Add(30 * time.Second)
-	for entered.Load()+s.passwords.waiting.Load() != logins {
+	for entered.Load()+int64(s.passwords.Waiting()) != logins {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d logins checking and %d waiting, want %d in all", entered.Load(), s.passwords.waiting.Load(), logins)
+			t.Fatalf("%d logins checking and %d waiting, want %d in all", entered.Load(), int64(s.passwords.Waiting()), logins)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -2,8 +2,8 @@ package sender
 
 import (
 	"context"
-	"sync/atomic"
 
+	"github.com/keyserver/keyserver/internal/slots"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -20,53 +20,28 @@ const DefaultDatabaseSlots = 8
 // for requests. A worker spends most of its time on the network, so a
 // few slots serve many workers.
 
-// slots bounds concurrent database calls.
-type slots struct {
-	ch      chan struct{}
-	waiting atomic.Int32 // calls waiting for a slot, for tests
-}
-
-func newSlots(n int) *slots { return &slots{ch: make(chan struct{}, n)} }
-
-func (s *slots) do(ctx context.Context, f func() error) error {
-	select {
-	case s.ch <- struct{}{}:
-	default:
-		s.waiting.Add(1)
-		select {
-		case s.ch <- struct{}{}:
-			s.waiting.Add(-1)
-		case <-ctx.Done():
-			s.waiting.Add(-1)
-			return ctx.Err()
-		}
-	}
-	defer func() { <-s.ch }()
-	return f()
-}
-
 // slotStore is a Store whose calls take a slot.
 type slotStore struct {
 	db    Store
-	slots *slots
+	slots *slots.Slots
 }
 
 func (s slotStore) PendingDestinations(ctx context.Context) (d []string, err error) {
-	err = s.slots.do(ctx, func() error { d, err = s.db.PendingDestinations(ctx); return err })
+	err = s.slots.Do(ctx, func() error { d, err = s.db.PendingDestinations(ctx); return err })
 	return d, err
 }
 
 func (s slotStore) PendingUpdates(ctx context.Context, destination string, limit int) (u []storage.OutboundUpdate, err error) {
-	err = s.slots.do(ctx, func() error { u, err = s.db.PendingUpdates(ctx, destination, limit); return err })
+	err = s.slots.Do(ctx, func() error { u, err = s.db.PendingUpdates(ctx, destination, limit); return err })
 	return u, err
 }
 
 func (s slotStore) MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error {
-	return s.slots.do(ctx, func() error { return s.db.MarkUpdatesSent(ctx, destination, sent) })
+	return s.slots.Do(ctx, func() error { return s.db.MarkUpdatesSent(ctx, destination, sent) })
 }
 
 func (s slotStore) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (ok bool, err error) {
-	err = s.slots.do(ctx, func() error {
+	err = s.slots.Do(ctx, func() error {
 		ok, err = s.db.AcquireDestination(ctx, destination, owner, now, expires)
 		return err
 	})
@@ -74,45 +49,45 @@ func (s slotStore) AcquireDestination(ctx context.Context, destination, owner st
 }
 
 func (s slotStore) ReleaseDestination(ctx context.Context, destination, owner string) error {
-	return s.slots.do(ctx, func() error { return s.db.ReleaseDestination(ctx, destination, owner) })
+	return s.slots.Do(ctx, func() error { return s.db.ReleaseDestination(ctx, destination, owner) })
 }
 
 // slotEDUs is an EDUQueue whose calls take a slot.
 type slotEDUs struct {
 	q     EDUQueue
-	slots *slots
+	slots *slots.Slots
 }
 
 func (s slotEDUs) ToDeviceDestinations(ctx context.Context) (d []string, err error) {
-	err = s.slots.do(ctx, func() error { d, err = s.q.ToDeviceDestinations(ctx); return err })
+	err = s.slots.Do(ctx, func() error { d, err = s.q.ToDeviceDestinations(ctx); return err })
 	return d, err
 }
 
 func (s slotEDUs) PendingToDevice(ctx context.Context, destination string, limit int) (e []storage.OutboundEDU, err error) {
-	err = s.slots.do(ctx, func() error { e, err = s.q.PendingToDevice(ctx, destination, limit); return err })
+	err = s.slots.Do(ctx, func() error { e, err = s.q.PendingToDevice(ctx, destination, limit); return err })
 	return e, err
 }
 
 func (s slotEDUs) MarkToDeviceSent(ctx context.Context, destination string, sent []storage.OutboundEDU) error {
-	return s.slots.do(ctx, func() error { return s.q.MarkToDeviceSent(ctx, destination, sent) })
+	return s.slots.Do(ctx, func() error { return s.q.MarkToDeviceSent(ctx, destination, sent) })
 }
 
 // slotPDUs is a PDUQueue whose calls take a slot.
 type slotPDUs struct {
 	q     PDUQueue
-	slots *slots
+	slots *slots.Slots
 }
 
 func (s slotPDUs) PDUDestinations(ctx context.Context) (d []string, err error) {
-	err = s.slots.do(ctx, func() error { d, err = s.q.PDUDestinations(ctx); return err })
+	err = s.slots.Do(ctx, func() error { d, err = s.q.PDUDestinations(ctx); return err })
 	return d, err
 }
 
 func (s slotPDUs) PendingPDUs(ctx context.Context, destination string, limit int) (p []storage.OutboundPDU, err error) {
-	err = s.slots.do(ctx, func() error { p, err = s.q.PendingPDUs(ctx, destination, limit); return err })
+	err = s.slots.Do(ctx, func() error { p, err = s.q.PendingPDUs(ctx, destination, limit); return err })
 	return p, err
 }
 
 func (s slotPDUs) MarkPDUsSent(ctx context.Context, destination string, sent []storage.OutboundPDU) error {
-	return s.slots.do(ctx, func() error { return s.q.MarkPDUsSent(ctx, destination, sent) })
+	return s.slots.Do(ctx, func() error { return s.q.MarkPDUsSent(ctx, destination, sent) })
 }

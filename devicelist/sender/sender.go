@@ -24,6 +24,7 @@ import (
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/lograte"
 	"github.com/keyserver/keyserver/internal/metrics"
+	"github.com/keyserver/keyserver/internal/slots"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -116,7 +117,7 @@ const (
 // Sender delivers queued device-list updates.
 type Sender struct {
 	db      Store // its calls take one of dbSlots
-	dbSlots *slots
+	dbSlots *slots.Slots
 	tr      Transport
 	o       Options
 	owner   string // this daemon's name in leases and transaction IDs
@@ -174,7 +175,7 @@ func New(db Store, tr Transport, o Options) *Sender {
 	if o.DatabaseSlots <= 0 {
 		o.DatabaseSlots = DefaultDatabaseSlots
 	}
-	sl := newSlots(o.DatabaseSlots)
+	sl := slots.New(o.DatabaseSlots)
 	db = slotStore{db: db, slots: sl}
 	if o.ToDevice != nil {
 		o.ToDevice = slotEDUs{q: o.ToDevice, slots: sl}

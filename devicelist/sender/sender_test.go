@@ -466,7 +466,7 @@ func TestWorkersShareFewDatabaseSlots(t *testing.T) {
 	go func() { defer close(done); s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	workertest.WaitUntil(t, "two workers in the database and four waiting for a slot", func() bool {
-		return q.blocked("AcquireDestination") == 2 && s.dbSlots.waiting.Load() == 4
+		return q.blocked("AcquireDestination") == 2 && s.dbSlots.Waiting() == 4
 	})
 	q.mu.Lock()
 	delete(q.hold, "AcquireDestination")
