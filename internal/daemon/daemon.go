@@ -320,6 +320,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.clientLn, d.fedLn = so.clientLn, so.fedLn
 	if d.clientLn == nil {
 		if d.clientLn, err = net.Listen("tcp", cfg.ClientAPI.Listen); err != nil {
+			d.parker.Shutdown(context.Background())
 			store.Close()
 			return nil, fmt.Errorf("client API listener: %w", err)
 		}
@@ -327,6 +328,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	if d.fedLn == nil {
 		if d.fedLn, err = net.Listen("tcp", cfg.Federation.Listen); err != nil {
 			d.clientLn.Close()
+			d.parker.Shutdown(context.Background())
 			store.Close()
 			return nil, fmt.Errorf("federation listener: %w", err)
 		}
@@ -346,6 +348,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			d.stopWorkers()
 			d.clientLn.Close()
 			d.fedLn.Close()
+			d.parker.Shutdown(context.Background())
 			store.Close()
 			return nil, err
 		}

@@ -158,14 +158,26 @@ func TestParkedSyncTimesOut(t *testing.T) {
 	})
 }
 
+// liveMemory is the process's heap in use and goroutine stacks, after a
+// collection.
+func liveMemory() int64 {
+	runtime.GC()
+	runtime.GC() // and what sync.Pools kept through the first
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc + m.StackInuse)
+}
+
 // Parked requests hold no goroutine: the goroutines of the server stay
-// where they were with N requests parked.
+// where they were with N requests parked, and their memory is a few
+// kilobytes each.
 func TestParkedSyncsHoldNoGoroutine(t *testing.T) {
 	const N = 200
 	n := kstest.StartNode(t, kstest.SQLite(t), func(c *config.Config) { c.ClientAPI.MaxConnectionsPerAddress = 0 })
 	alice := n.Register(t, "alice", "")
 	first := n.Must(t, "GET", "/_matrix/client/v3/sync", alice.Token, nil)
 	before := runtime.NumGoroutine()
+	memBefore := liveMemory()
 	addr := strings.TrimPrefix(n.URL, "http://")
 	conns := make([]net.Conn, N)
 	for i := range conns {
@@ -179,6 +191,12 @@ func TestParkedSyncsHoldNoGoroutine(t *testing.T) {
 	var now int
 	kstest.Eventually(t, "goroutines back", func() bool { now = runtime.NumGoroutine(); return now <= before+10 })
 	t.Logf("goroutines: %d before, %d with %d syncs parked", before, now, N)
+	// What they hold, heap and stacks, the test's own sockets included.
+	perWaiter := float64(liveMemory()-memBefore) / N
+	t.Logf("live memory per parked sync: %.0f bytes", perWaiter)
+	if perWaiter > 10<<10 {
+		t.Errorf("live memory per parked sync: %.0f bytes, want at most 10 KB", perWaiter)
+	}
 	// A change wakes them all, and each gets its answer.
 	n.Login(t, alice, "SECOND")
 	for i, c := range conns {

@@ -33,7 +33,9 @@ import (
 
 // Options configure a Parker.
 type Options struct {
-	// Workers answer woken requests; default 8.
+	// Workers answer woken requests at once; default 32 (as many as
+	// the PostgreSQL connection pool: a wake of many requests runs their
+	// reads side by side).
 	Workers int
 	// WriteTimeout bounds the writing of an answer; default 30s.
 	WriteTimeout time.Duration
@@ -75,7 +77,7 @@ type Parker struct {
 // Listener() too, so that answered connections come back to it.
 func New(o Options) *Parker {
 	if o.Workers <= 0 {
-		o.Workers = 8
+		o.Workers = 32
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 30 * time.Second
