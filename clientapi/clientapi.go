@@ -482,9 +482,13 @@ func (a *API) keyChanges(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.ks.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
 }
 
-// sync answers /sync. A request that would wait for news parks when it
-// can (see package httppark): its connection waits without a goroutine
-// and is answered, through the same code, when woken or at its timeout.
+// sync answers /sync. A request that may wait for news parks when it can
+// (see package httppark): its connection waits without a goroutine, and
+// the parker's workers read the stream for it, at once and then when it
+// is woken, answering through the same code as any other request. Even
+// the first read is theirs: a burst of long-polling clients then costs a
+// parked record each while it queues for the database, not a handler
+// with its stack and buffers.
 func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 	c, ok := a.authenticate(w, r)
 	if !ok {
@@ -502,41 +506,47 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 	}
 	since := q.Get("since")
 	o := keyserver.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"}
-	if timeout == 0 || since == "" || !a.opts.Parker.Can(w, r) {
-		res, err := a.ks.Sync(r.Context(), c, since, timeout, o)
-		respond(w, r, res, err)
-		return
-	}
-	pw := a.opts.Parker.NewWaiter()
-	res, waiter, err := a.ks.SyncOrWait(r.Context(), c, since, timeout, o, func(e syncnotify.Event) {
-		pw.Wake(e != syncnotify.StreamEvent)
-	})
-	if err != nil || waiter == nil {
-		respond(w, r, res, err)
-		return
-	}
-	job := &syncJob{w: waiter, log: httpx.Logger(r)}
-	if err := pw.Park(w, r, waiter.Timeout, job, func() func(int) { return httpx.Detach(w) }); err != nil {
+	if wait := min(timeout, a.ks.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
+		pw := a.opts.Parker.NewWaiter()
+		job := &syncJob{ks: a.ks, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),
+			wake: func(e syncnotify.Event) { pw.Wake(e != syncnotify.StreamEvent) }}
+		pw.Wake(false) // the first read, as soon as a worker is free
+		if pw.Park(w, r, wait, job, func() func(int) { return httpx.Detach(w) }) == nil {
+			return
+		}
 		// The connection could not be taken over (the server shuts
-		// down): wait the ordinary way.
-		waiter.Close()
-		res, err := a.ks.Sync(r.Context(), c, since, timeout, o)
-		respond(w, r, res, err)
+		// down): answer the ordinary way.
 	}
+	res, err := a.ks.Sync(r.Context(), c, since, timeout, o)
+	respond(w, r, res, err)
 }
 
 // syncJob answers a parked /sync request.
 type syncJob struct {
-	w   *keyserver.SyncWaiter
-	log logrus.FieldLogger
+	ks      *keyserver.Service
+	c       keyserver.Caller
+	since   string
+	timeout time.Duration
+	o       keyserver.SyncOptions
+	log     logrus.FieldLogger
+	wake    func(syncnotify.Event)
+	w       *keyserver.SyncWaiter // after the first read found nothing
 }
 
 func (j *syncJob) Answer(ctx context.Context, w http.ResponseWriter, final bool) bool {
 	var res keyserver.SyncResponse
 	var err error
-	if final {
+	switch {
+	case j.w == nil:
+		if res, j.w, err = j.ks.SyncOrWait(ctx, j.c, j.since, j.timeout, j.o, j.wake); err == nil && j.w != nil {
+			if !final {
+				return false
+			}
+			res, err = j.w.Answer(ctx)
+		}
+	case final:
 		res, err = j.w.Answer(ctx)
-	} else {
+	default:
 		var news bool
 		if res, news, err = j.w.Poll(ctx); err == nil && !news {
 			return false
@@ -548,7 +558,11 @@ func (j *syncJob) Answer(ctx context.Context, w http.ResponseWriter, final bool)
 	return true
 }
 
-func (j *syncJob) Close() { j.w.Close() }
+func (j *syncJob) Close() {
+	if j.w != nil {
+		j.w.Close()
+	}
+}
 
 func (a *API) setMembership(r *http.Request) (any, error) {
 	roomID, err := pathVar(r, "roomId")
