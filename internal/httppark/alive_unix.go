@@ -13,7 +13,7 @@ import (
 // be reached counts as alive: the write will tell.
 func alive(c net.Conn) bool {
 	for {
-		if _, ok := c.(*replayConn); ok {
+		if bc, ok := c.(*backConn); ok && len(bc.pending) > 0 {
 			return true // the client sent more: it was there
 		}
 		u, ok := c.(interface{ NetConn() net.Conn })

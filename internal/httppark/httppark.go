@@ -142,7 +142,7 @@ const (
 type Waiter struct {
 	p         *Parker
 	job       Job
-	conn      net.Conn
+	conn      *backConn
 	header    http.Header
 	minor     int  // HTTP/1.minor
 	keepAlive bool // the client keeps the connection
@@ -199,18 +199,24 @@ func (w *Waiter) Park(rw http.ResponseWriter, r *http.Request, timeout time.Dura
 	if closing {
 		return ErrClosed
 	}
-	header := rw.Header().Clone()
+	// The handler's header map is not the server's any more once the
+	// connection is taken over: it is kept, not copied.
+	header := rw.Header()
 	conn, buf, err := http.NewResponseController(rw).Hijack()
 	if err != nil {
 		return err
 	}
 	// Bytes the server read ahead (a pipelined request) are replayed to
-	// it when the connection comes back.
+	// it when the connection comes back, before any not replayed yet.
+	bc, ok := conn.(*backConn)
+	if !ok {
+		bc = &backConn{Conn: conn, l: p.ln}
+	}
 	if n := buf.Reader.Buffered(); n > 0 {
 		b, _ := buf.Reader.Peek(n)
-		conn = &replayConn{Conn: conn, pending: bytes.Clone(b)}
+		bc.pending = append(bytes.Clone(b), bc.pending...)
 	}
-	w.job, w.conn, w.header, w.minor = job, conn, header, r.ProtoMinor
+	w.job, w.conn, w.header, w.minor = job, bc, header, r.ProtoMinor
 	w.keepAlive = !r.Close
 	w.done = detach()
 	w.deadline = time.Now().Add(timeout)
@@ -445,21 +451,3 @@ func (h *deadlineHeap) Pop() any {
 	w.index = -1
 	return w
 }
-
-// replayConn gives back the bytes read ahead before the connection's own.
-type replayConn struct {
-	net.Conn
-	pending []byte
-}
-
-func (c *replayConn) Read(b []byte) (int, error) {
-	if len(c.pending) > 0 {
-		n := copy(b, c.pending)
-		c.pending = c.pending[n:]
-		return n, nil
-	}
-	return c.Conn.Read(b)
-}
-
-// NetConn returns the connection underneath.
-func (c *replayConn) NetConn() net.Conn { return c.Conn }
