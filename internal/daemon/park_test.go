@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/internal/metrics"
 	kstest "github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -351,5 +352,57 @@ func TestParkedSyncBadInput(t *testing.T) {
 	}
 	if n.Daemon.ParkedSyncs() != 0 {
 		t.Fatal("a bad request parked")
+	}
+}
+
+// syncObservations reads the count and sum of
+// keyserver_http_request_duration_seconds for GET /sync, every status,
+// and the count of those answered 200.
+func syncObservations(t *testing.T) (count uint64, sum float64, ok200 uint64) {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "keyserver_http_request_duration_seconds" {
+			continue
+		}
+	metric:
+		for _, m := range f.GetMetric() {
+			want := map[string]string{"api": "client", "endpoint": "/_matrix/client/v3/sync", "method": "GET"}
+			status := ""
+			for _, l := range m.GetLabel() {
+				if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
+					continue metric
+				}
+				if l.GetName() == "status" {
+					status = l.GetValue()
+				}
+			}
+			count += m.GetHistogram().GetSampleCount()
+			sum += m.GetHistogram().GetSampleSum()
+			if status == "200" {
+				ok200 += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return count, sum, ok200
+}
+
+// A parked request is observed once, when answered, with its status and
+// its whole duration.
+func TestParkedSyncObservedOnce(t *testing.T) {
+	n := kstest.StartNode(t, kstest.SQLite(t), nil)
+	alice := n.Register(t, "alice", "")
+	first := n.Must(t, "GET", "/_matrix/client/v3/sync", alice.Token, nil)
+	count, sum, ok := syncObservations(t)
+	n.Must(t, "GET", syncPath(first["next_batch"], 300), alice.Token, nil)
+	newCount, newSum, newOK := syncObservations(t)
+	if newCount != count+1 || newOK != ok+1 {
+		t.Fatalf("observed %d times (%d with status 200), want once", newCount-count, newOK-ok)
+	}
+	if d := newSum - sum; d < 0.3 {
+		t.Fatalf("observed duration %.3fs, want at least the 0.3s it waited", d)
 	}
 }

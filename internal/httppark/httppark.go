@@ -300,13 +300,14 @@ func (p *Parker) run(w *Waiter, final bool) {
 	}
 	keepAlive := p.finish(w) && w.keepAlive
 	status := aw.statusOr200()
+	// Recorded before it is written, as net/http's handlers are: the
+	// client may send its next request as soon as it has the answer.
+	w.done(status)
 	if err := p.write(w, aw, status, keepAlive); err != nil {
 		p.o.Logger.WithError(err).Debug("could not write a parked request's answer")
 		w.conn.Close()
-		w.done(statusClientClosedRequest)
 		return
 	}
-	w.done(status)
 	if !keepAlive {
 		w.conn.Close()
 		return
