@@ -141,7 +141,8 @@ func (s *Service) syncBegin(ctx context.Context, c Caller, since string, timeout
 // yet and waits without a goroutine of its own: the notifier calls the
 // wake function given to SyncOrWait, and whoever owns the waiter then
 // calls Poll (after a StreamEvent) or Answer (after any other event, or
-// at the end of the wait), and Close once done. It holds only the
+// at the end of the wait, which is the owner's to keep: the request's
+// timeout, capped by SyncMaxWait), and Close once done. It holds only the
 // parameters of the answer and its subscription.
 type SyncWaiter struct {
 	s               *Service
@@ -150,8 +151,6 @@ type SyncWaiter struct {
 	sincePos, acked storage.StreamPos
 	filter          roomserver.Filter
 	sub             *syncnotify.Subscription
-	// Timeout is how long the request may wait, capped by the server.
-	Timeout time.Duration
 }
 
 // SyncOrWait is Sync for callers that wait themselves: when the request
@@ -167,7 +166,7 @@ func (s *Service) SyncOrWait(ctx context.Context, c Caller, since string, timeou
 		res, err := s.syncAnswer(ctx, c, since != "", p.sincePos, p.acked, o, p.filter)
 		return res, nil, err
 	}
-	w := &SyncWaiter{s: s, c: c, o: o, sincePos: p.sincePos, acked: p.acked, filter: p.filter, Timeout: p.timeout}
+	w := &SyncWaiter{s: s, c: c, o: o, sincePos: p.sincePos, acked: p.acked, filter: p.filter}
 	w.sub = s.notifier.SubscribeFunc(c.UserID, wake)
 	res, news, err := w.Poll(ctx)
 	if err != nil || news {

@@ -187,10 +187,11 @@ func (p *Parker) queueLocked(w *Waiter) {
 var ErrClosed = errors.New("httppark: shutting down")
 
 // Park takes the request's connection over and parks it until woken or
-// until timeout has passed; answered is given the status of the answer
-// once written (the middlewares' record, see httpx.Detach). After an
-// error nothing was taken: the handler answers as usual. After success the
-// handler must return without touching w.
+// until timeout has passed. detach is called once the connection is taken
+// (on the handler's goroutine), and the function it returns is given the
+// status of the answer (the middlewares' record, see httpx.Detach). After
+// an error nothing was taken: the handler answers as usual. After success
+// the handler must return without touching rw.
 func (w *Waiter) Park(rw http.ResponseWriter, r *http.Request, timeout time.Duration, job Job, detach func() func(int)) error {
 	p := w.p
 	p.mu.Lock()
