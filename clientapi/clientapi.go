@@ -4,6 +4,7 @@
 package clientapi
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"net/http"
@@ -17,14 +18,17 @@ import (
 
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/dehydrated"
+	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
 )
 
@@ -56,6 +60,9 @@ type Options struct {
 	// (MSC3814); nil: not served.
 	ToDevice   *todevice.Service
 	Dehydrated *dehydrated.Service
+	// Parker parks waiting /sync requests' connections; nil: they wait
+	// in their handlers.
+	Parker *httppark.Parker
 }
 
 // API serves the client-server API.
@@ -117,7 +124,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
 		s.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
 		s.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
-		s.Handle("/sync", a.waits(ks.SyncMaxWait(), a.authed(a.sync))).Methods(http.MethodGet)
+		s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
 		a.roomRoutes(s)
@@ -167,23 +174,38 @@ func (a *API) public(h handler) http.Handler {
 
 func (a *API) authed(h authedHandler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := a.ks.Authenticate(r.Context(), accessToken(r))
-		if err != nil {
-			httpx.Error(w, r, err)
-			return
-		}
-		c.IP = remoteIP(r)
-		if ok, wait := a.opts.RateLimit.Allow(c.UserID + "|" + c.DeviceID); !ok {
-			httpx.LimitExceeded(w, r, wait)
+		c, ok := a.authenticate(w, r)
+		if !ok {
 			return
 		}
 		body, err := h(r, c)
-		if err != nil {
-			httpx.Error(w, r, err)
-			return
-		}
-		httpx.JSON(w, http.StatusOK, body)
+		respond(w, r, body, err)
 	})
+}
+
+// authenticate finds the request's caller and applies its rate limit; if
+// it returns false, it has answered.
+func (a *API) authenticate(w http.ResponseWriter, r *http.Request) (keyserver.Caller, bool) {
+	c, err := a.ks.Authenticate(r.Context(), accessToken(r))
+	if err != nil {
+		httpx.Error(w, r, err)
+		return c, false
+	}
+	c.IP = remoteIP(r)
+	if ok, wait := a.opts.RateLimit.Allow(c.UserID + "|" + c.DeviceID); !ok {
+		httpx.LimitExceeded(w, r, wait)
+		return c, false
+	}
+	return c, true
+}
+
+// respond writes an endpoint's 200 body or its error.
+func respond(w http.ResponseWriter, r *http.Request, body any, err error) {
+	if err != nil {
+		httpx.Error(w, r, err)
+		return
+	}
+	httpx.JSON(w, http.StatusOK, body)
 }
 
 // waits gives an endpoint that may wait up to wait that long beyond the
@@ -460,18 +482,86 @@ func (a *API) keyChanges(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.ks.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
 }
 
-func (a *API) sync(r *http.Request, c keyserver.Caller) (any, error) {
+// sync answers /sync. A request that may wait for news parks when it can
+// (see package httppark): its connection waits without a goroutine, and
+// the parker's workers read the stream for it, at once and then when it
+// is woken, answering through the same code as any other request. Even
+// the first read is theirs: a burst of long-polling clients then costs a
+// parked record each while it queues for the database, not a handler
+// with its stack and buffers.
+func (a *API) sync(w http.ResponseWriter, r *http.Request) {
+	c, ok := a.authenticate(w, r)
+	if !ok {
+		return
+	}
 	q := r.URL.Query()
 	var timeout time.Duration
 	if t := q.Get("timeout"); t != "" {
 		ms, err := strconv.ParseInt(t, 10, 64)
 		if err != nil || ms < 0 {
-			return nil, mxerr.InvalidParam("timeout must be a non-negative number of milliseconds")
+			httpx.Error(w, r, mxerr.InvalidParam("timeout must be a non-negative number of milliseconds"))
+			return
 		}
 		timeout = time.Duration(min(ms, int64(24*time.Hour/time.Millisecond))) * time.Millisecond
 	}
-	return a.ks.Sync(r.Context(), c, q.Get("since"), timeout, keyserver.SyncOptions{
-		Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"})
+	since := q.Get("since")
+	o := keyserver.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"}
+	if wait := min(timeout, a.ks.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
+		pw := a.opts.Parker.NewWaiter()
+		job := &syncJob{ks: a.ks, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),
+			wake: func(e syncnotify.Event) { pw.Wake(e != syncnotify.StreamEvent) }}
+		pw.Wake(false) // the first read, as soon as a worker is free
+		if pw.Park(w, r, wait, job, func() func(int) { return httpx.Detach(w) }) == nil {
+			return
+		}
+		// The connection could not be taken over (the server shuts
+		// down): answer the ordinary way.
+	}
+	res, err := a.ks.Sync(r.Context(), c, since, timeout, o)
+	respond(w, r, res, err)
+}
+
+// syncJob answers a parked /sync request.
+type syncJob struct {
+	ks      *keyserver.Service
+	c       keyserver.Caller
+	since   string
+	timeout time.Duration
+	o       keyserver.SyncOptions
+	log     logrus.FieldLogger
+	wake    func(syncnotify.Event)
+	w       *keyserver.SyncWaiter // after the first read found nothing
+}
+
+func (j *syncJob) Answer(ctx context.Context, w http.ResponseWriter, final bool) bool {
+	var res keyserver.SyncResponse
+	var err error
+	switch {
+	case j.w == nil:
+		if res, j.w, err = j.ks.SyncOrWait(ctx, j.c, j.since, j.timeout, j.o, j.wake); err == nil && j.w != nil {
+			if !final {
+				return false
+			}
+			res, err = j.w.Answer(ctx)
+		}
+	case final:
+		res, err = j.w.Answer(ctx)
+	default:
+		var news bool
+		if res, news, err = j.w.Poll(ctx); err == nil && !news {
+			return false
+		}
+	}
+	// The request itself is gone with its connection's first life: the
+	// error path needs only its context (logger, cancellation).
+	respond(w, (&http.Request{Method: http.MethodGet}).WithContext(reqlog.With(ctx, j.log)), res, err)
+	return true
+}
+
+func (j *syncJob) Close() {
+	if j.w != nil {
+		j.w.Close()
+	}
 }
 
 func (a *API) setMembership(r *http.Request) (any, error) {

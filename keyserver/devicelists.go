@@ -9,6 +9,7 @@ import (
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/syncnotify"
 )
 
 // A stream token is "s<position>". Tokens are opaque to clients; /sync
@@ -90,33 +91,105 @@ type SyncResponse struct {
 // which has every part of the answer but the rooms' timelines: a woken
 // request that has news answers with what it read.
 func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
-	filter, err := s.syncFilter(ctx, c.UserID, o)
+	p, err := s.syncBegin(ctx, c, since, timeout, o)
 	if err != nil {
 		return SyncResponse{}, err
 	}
-	var sincePos, acked storage.StreamPos
+	if p.timeout == 0 {
+		return s.syncAnswer(ctx, c, since != "", p.sincePos, p.acked, o, p.filter)
+	}
+	return s.syncWait(ctx, c, p.sincePos, p.acked, p.timeout, o, p.filter)
+}
+
+// syncParams are what a /sync request asks, checked: the positions, the
+// filter, and how long it may wait (0: it answers at once).
+type syncParams struct {
+	sincePos, acked storage.StreamPos
+	filter          roomserver.Filter
+	timeout         time.Duration
+}
+
+// syncBegin checks a /sync request and acknowledges the to-device
+// messages its token says the device has.
+func (s *Service) syncBegin(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (syncParams, error) {
+	var p syncParams
+	var err error
+	if p.filter, err = s.syncFilter(ctx, c.UserID, o); err != nil {
+		return p, err
+	}
 	if since != "" {
-		var err error
-		if sincePos, err = parseStreamToken("since", since); err != nil {
-			return SyncResponse{}, err
+		if p.sincePos, err = parseStreamToken("since", since); err != nil {
+			return p, err
 		}
-		if acked, err = parseToDeviceAck(since); err != nil {
-			return SyncResponse{}, err
+		if p.acked, err = parseToDeviceAck(since); err != nil {
+			return p, err
 		}
 		// The token says the device got its messages up to acked: they go.
-		if acked = min(acked, sincePos); acked > 0 && s.opts.ToDevice != nil {
-			if err := s.opts.ToDevice.AckToDevice(ctx, c.UserID, c.DeviceID, acked); err != nil {
-				return SyncResponse{}, err
+		if p.acked = min(p.acked, p.sincePos); p.acked > 0 && s.opts.ToDevice != nil {
+			if err := s.opts.ToDevice.AckToDevice(ctx, c.UserID, c.DeviceID, p.acked); err != nil {
+				return p, err
 			}
 		}
 	}
-	timeout = min(max(timeout, 0), s.opts.SyncMaxTimeout)
-	wait := timeout > 0 && since != ""
-	if !wait {
-		return s.syncAnswer(ctx, c, since != "", sincePos, acked, o, filter)
+	if since != "" {
+		p.timeout = min(max(timeout, 0), s.opts.SyncMaxTimeout)
 	}
-	return s.syncWait(ctx, c, sincePos, acked, timeout, o, filter)
+	return p, nil
 }
+
+// SyncWaiter is an incremental /sync request that had nothing to answer
+// yet and waits without a goroutine of its own: the notifier calls the
+// wake function given to SyncOrWait, and whoever owns the waiter then
+// calls Poll (after a StreamEvent) or Answer (after any other event, or
+// at the end of the wait, which is the owner's to keep: the request's
+// timeout, capped by SyncMaxWait), and Close once done. It holds only the
+// parameters of the answer and its subscription.
+type SyncWaiter struct {
+	s               *Service
+	c               Caller
+	o               SyncOptions
+	sincePos, acked storage.StreamPos
+	filter          roomserver.Filter
+	sub             *syncnotify.Subscription
+}
+
+// SyncOrWait is Sync for callers that wait themselves: when the request
+// would wait for news (it has since and a timeout, and there is nothing
+// yet) it returns a SyncWaiter, subscribed before the stream was read so
+// that no change is missed; otherwise the answer.
+func (s *Service) SyncOrWait(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions, wake func(syncnotify.Event)) (SyncResponse, *SyncWaiter, error) {
+	p, err := s.syncBegin(ctx, c, since, timeout, o)
+	if err != nil {
+		return SyncResponse{}, nil, err
+	}
+	if p.timeout == 0 {
+		res, err := s.syncAnswer(ctx, c, since != "", p.sincePos, p.acked, o, p.filter)
+		return res, nil, err
+	}
+	w := &SyncWaiter{s: s, c: c, o: o, sincePos: p.sincePos, acked: p.acked, filter: p.filter}
+	w.sub = s.notifier.SubscribeFunc(c.UserID, wake)
+	res, news, err := w.Poll(ctx)
+	if err != nil || news {
+		w.Close()
+		return res, nil, err
+	}
+	return SyncResponse{}, w, nil
+}
+
+// Poll reads the stream again after a StreamEvent: news is true when the
+// request has something to answer, in res.
+func (w *SyncWaiter) Poll(ctx context.Context) (res SyncResponse, news bool, err error) {
+	return w.s.syncRead(ctx, w.c, true, true, &w.sincePos, w.acked, w.o, w.filter)
+}
+
+// Answer reads the stream once and answers with what it holds, news or
+// not: at the end of the wait, or when the user's key counts changed.
+func (w *SyncWaiter) Answer(ctx context.Context) (SyncResponse, error) {
+	return w.s.syncAnswer(ctx, w.c, true, w.sincePos, w.acked, w.o, w.filter)
+}
+
+// Close ends the waiter's subscription.
+func (w *SyncWaiter) Close() { w.sub.Close() }
 
 // syncWait answers an incremental /sync once it has news, or at the end
 // of the wait. It is kept apart from Sync, and reads into values it drops

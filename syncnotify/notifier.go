@@ -40,7 +40,22 @@ type Subscription struct {
 	userID string
 	stream chan struct{}
 	user   chan struct{}
+	// wake replaces the channels for a waiter without a goroutine of its
+	// own (see SubscribeFunc).
+	wake func(Event)
 }
+
+// Event is what woke a subscription made with SubscribeFunc.
+type Event int
+
+const (
+	// StreamEvent: the stream advanced in a way that may concern the user.
+	StreamEvent Event = iota
+	// UserEvent: the user's key counts changed.
+	UserEvent
+	// ClosingEvent: the server shuts down.
+	ClosingEvent
+)
 
 // Subscribe starts listening for events concerning userID. Subscribe before
 // reading the state to wait on, so that no event can fall in between.
@@ -48,6 +63,26 @@ func (n *Notifier) Subscribe(userID string) *Subscription {
 	s := &Subscription{n: n, userID: userID, stream: make(chan struct{}, 1), user: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	m := n.users[userID]
+	if m == nil {
+		m = map[*Subscription]struct{}{}
+		n.users[userID] = m
+	}
+	m[s] = struct{}{}
+	return s
+}
+
+// SubscribeFunc is Subscribe for a waiter that has no goroutine to
+// receive from channels: wake is called for each event instead, with the
+// notifier's lock held, so it must not block nor call the notifier. After
+// Close of the notifier it is called with ClosingEvent at once.
+func (n *Notifier) SubscribeFunc(userID string, wake func(Event)) *Subscription {
+	s := &Subscription{n: n, userID: userID, wake: wake}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		wake(ClosingEvent)
+	}
 	m := n.users[userID]
 	if m == nil {
 		m = map[*Subscription]struct{}{}
@@ -88,24 +123,29 @@ func (n *Notifier) StreamAdvanced(userIDs []string) {
 	defer n.mu.Unlock()
 	if userIDs == nil {
 		for _, subs := range n.users {
-			signal(subs, (*Subscription).streamChan)
+			signal(subs, StreamEvent)
 		}
 		return
 	}
 	for _, u := range userIDs {
-		signal(n.users[u], (*Subscription).streamChan)
+		signal(n.users[u], StreamEvent)
 	}
 }
 
-func (s *Subscription) streamChan() chan struct{} { return s.stream }
-func (s *Subscription) userChan() chan struct{}   { return s.user }
-
-// signal sends on the chosen channel of each subscription, unless a send
-// is already pending there.
-func signal(subs map[*Subscription]struct{}, ch func(*Subscription) chan struct{}) {
+// signal sends on the channel of each subscription the event is for,
+// unless a send is already pending there, or calls its wake function.
+func signal(subs map[*Subscription]struct{}, e Event) {
 	for s := range subs {
+		if s.wake != nil {
+			s.wake(e)
+			continue
+		}
+		ch := s.stream
+		if e == UserEvent {
+			ch = s.user
+		}
 		select {
-		case ch(s) <- struct{}{}:
+		case ch <- struct{}{}:
 		default: // already woken
 		}
 	}
@@ -116,7 +156,7 @@ func (n *Notifier) UserKeysChanged(userIDs ...string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, u := range userIDs {
-		signal(n.users[u], (*Subscription).userChan)
+		signal(n.users[u], UserEvent)
 	}
 }
 
@@ -127,6 +167,13 @@ func (n *Notifier) Close() {
 	if !n.closed {
 		n.closed = true
 		close(n.closing)
+		for _, subs := range n.users {
+			for s := range subs {
+				if s.wake != nil {
+					s.wake(ClosingEvent)
+				}
+			}
+		}
 	}
 }
 

@@ -116,3 +116,38 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("watched %d times after the end", c)
 	}
 }
+
+// A waiter without a goroutine is called for the events of its user only,
+// with what happened, and at shutdown; after shutdown, at once.
+func TestNotifierSubscribeFunc(t *testing.T) {
+	n := New()
+	var got []Event
+	sub := n.SubscribeFunc("@a:x", func(e Event) { got = append(got, e) })
+	n.StreamAdvanced([]string{"@b:x"})
+	n.UserKeysChanged("@b:x")
+	if len(got) != 0 {
+		t.Fatalf("woken by another user's events: %v", got)
+	}
+	n.StreamAdvanced([]string{"@a:x"})
+	n.UserKeysChanged("@a:x")
+	n.StreamAdvanced(nil)
+	n.Close()
+	want := []Event{StreamEvent, UserEvent, StreamEvent, ClosingEvent}
+	if len(got) != len(want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("events %v, want %v", got, want)
+		}
+	}
+	sub.Close()
+	if w := n.Waiting(); w != 0 {
+		t.Fatalf("%d users waiting after Close, want 0", w)
+	}
+	var late []Event
+	n.SubscribeFunc("@c:x", func(e Event) { late = append(late, e) }).Close()
+	if len(late) != 1 || late[0] != ClosingEvent {
+		t.Fatalf("subscribing after shutdown: %v, want [closing]", late)
+	}
+}

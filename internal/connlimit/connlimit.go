@@ -125,3 +125,7 @@ func (c *conn) Close() error {
 	c.once.Do(func() { c.l.release(c.addr) })
 	return err
 }
+
+// NetConn returns the connection underneath (as tls.Conn.NetConn does),
+// for code that checks the socket itself.
+func (c *conn) NetConn() net.Conn { return c.Conn }

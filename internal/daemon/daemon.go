@@ -27,6 +27,7 @@ import (
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/internal/connlimit"
+	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
@@ -47,6 +48,7 @@ type Daemon struct {
 	ks         *keyserver.Service
 	fed        *fedclient.Client
 	client     *http.Server
+	parker     *httppark.Parker // the client API's parked /sync requests
 	federation *http.Server
 	clientLn   net.Listener
 	fedLn      net.Listener
@@ -216,7 +218,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	if created {
 		log.WithField("path", cfg.TLSCertFile()).Info("generated a self-signed TLS certificate for the federation listener")
 	}
-	d := &Daemon{cfg: cfg, log: log, store: store, errc: make(chan error, 2)}
+	d := &Daemon{cfg: cfg, log: log, store: store, errc: make(chan error, 4)}
 	if cfg.Federation.TLSInsecureSkipVerify {
 		log.Warn("federation.tls_insecure_skip_verify is on: other servers' certificates are not checked (for test set-ups only)")
 	}
@@ -269,6 +271,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Directory: d.fed, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.ks.SetPDUReceiver(rooms)
+	d.parker = httppark.New(httppark.Options{WriteTimeout: cfg.ClientAPI.WriteTimeout.Duration(), Logger: log})
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
@@ -284,6 +287,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Rooms:           rooms,
 			ToDevice:        toDevice,
 			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
+			Parker:          d.parker,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),
@@ -316,6 +320,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.clientLn, d.fedLn = so.clientLn, so.fedLn
 	if d.clientLn == nil {
 		if d.clientLn, err = net.Listen("tcp", cfg.ClientAPI.Listen); err != nil {
+			d.parker.Shutdown(context.Background())
 			store.Close()
 			return nil, fmt.Errorf("client API listener: %w", err)
 		}
@@ -323,6 +328,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	if d.fedLn == nil {
 		if d.fedLn, err = net.Listen("tcp", cfg.Federation.Listen); err != nil {
 			d.clientLn.Close()
+			d.parker.Shutdown(context.Background())
 			store.Close()
 			return nil, fmt.Errorf("federation listener: %w", err)
 		}
@@ -342,11 +348,14 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			d.stopWorkers()
 			d.clientLn.Close()
 			d.fedLn.Close()
+			d.parker.Shutdown(context.Background())
 			store.Close()
 			return nil, err
 		}
 	}
 	go func() { d.errc <- serve(d.client.Serve(d.clientLn)) }()
+	// Answered parked connections come back to the same server.
+	go func() { d.errc <- serve(d.client.Serve(d.parker.Listener())) }()
 	go func() { d.errc <- serve(d.federation.ServeTLS(d.fedLn, "", "")) }()
 	log.WithFields(logrus.Fields{
 		"server_name": cfg.ServerName,
@@ -392,6 +401,10 @@ func (d *Daemon) Store() *sqlstore.Store { return d.store }
 // Federation is the outbound federation client (for tests and tools).
 func (d *Daemon) Federation() *fedclient.Client { return d.fed }
 
+// ParkedSyncs counts the /sync requests waiting parked, without a
+// goroutine (for tests and tools).
+func (d *Daemon) ParkedSyncs() int { return d.parker.Parked() }
+
 // Errors receives a listener's failure.
 func (d *Daemon) Errors() <-chan error { return d.errc }
 
@@ -399,7 +412,9 @@ func (d *Daemon) Errors() <-chan error { return d.errc }
 // /sync requests are answered at once), and closes the database.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.ks.Close()
-	errs := []error{d.client.Shutdown(ctx), d.federation.Shutdown(ctx)}
+	// Parked /sync requests are not the server's connections any more:
+	// they are answered (and closed) first.
+	errs := []error{d.parker.Shutdown(ctx), d.client.Shutdown(ctx), d.federation.Shutdown(ctx)}
 	if d.metrics != nil {
 		errs = append(errs, d.metrics.Shutdown(ctx))
 	}

@@ -223,6 +223,41 @@ func CORS(next http.Handler) http.Handler {
 type StatusRecorder struct {
 	http.ResponseWriter
 	Status int // 0 until the handler writes
+	// Done, when set, is what the middleware does with the status once the
+	// request is answered; it is called by the middleware when the handler
+	// returns, or through Detach for a request answered later.
+	Done     func(status int)
+	detached bool
+}
+
+// Detached tells whether the handler took its request away (Detach).
+func (s *StatusRecorder) Detached() bool { return s.detached }
+
+// Detach is for a handler that takes its connection over and answers
+// later, after it returned: the middlewares recording the answer (the
+// request log line, the metrics) do not record it when the handler
+// returns, and the returned function records it, once, with the status
+// it got. It must be called by the handler, before it returns.
+func Detach(w http.ResponseWriter) (done func(status int)) {
+	var fs []func(int)
+	for w != nil {
+		if s, ok := w.(*StatusRecorder); ok {
+			s.detached = true
+			if s.Done != nil {
+				fs = append(fs, s.Done)
+			}
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		w = u.Unwrap()
+	}
+	return func(status int) {
+		for _, f := range fs {
+			f(status)
+		}
+	}
 }
 
 // WriteHeader records the status.
@@ -271,18 +306,22 @@ func Middleware(log logrus.FieldLogger, api string, next http.Handler) http.Hand
 		w.Header().Set("X-Request-Id", id)
 		rl := log.WithFields(logrus.Fields{"request_id": id, "api": api, "method": r.Method, "path": r.URL.Path, "remote": r.RemoteAddr})
 		r = r.WithContext(reqlog.With(r.Context(), rl))
-		rec := &StatusRecorder{ResponseWriter: w}
+		rec := &StatusRecorder{ResponseWriter: w, Done: func(status int) {
+			rl.WithFields(logrus.Fields{"status": status, "duration_ms": time.Since(start).Milliseconds()}).Debug("request")
+		}}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
 					panic(p)
 				}
 				rl.WithField("panic", fmt.Sprint(p)).WithField("stack", string(debug.Stack())).Error("handler panicked")
-				if rec.Status == 0 {
+				if rec.Status == 0 && !rec.detached {
 					JSON(rec, http.StatusInternalServerError, map[string]any{"errcode": "M_UNKNOWN", "error": "internal server error"})
 				}
 			}
-			rl.WithFields(logrus.Fields{"status": rec.Status, "duration_ms": time.Since(start).Milliseconds()}).Debug("request")
+			if !rec.detached {
+				rec.Done(rec.Status)
+			}
 		}()
 		next.ServeHTTP(rec, r)
 	})

@@ -25,10 +25,15 @@ func Middleware(api string) mux.MiddlewareFunc {
 					endpoint = t
 				}
 			}
-			rec := &httpx.StatusRecorder{ResponseWriter: w}
 			start := time.Now()
+			method := r.Method
+			rec := &httpx.StatusRecorder{ResponseWriter: w, Done: func(status int) {
+				metrics.HTTPRequests.WithLabelValues(api, endpoint, method, strconv.Itoa(status)).Observe(time.Since(start).Seconds())
+			}}
 			next.ServeHTTP(rec, r)
-			metrics.HTTPRequests.WithLabelValues(api, endpoint, r.Method, strconv.Itoa(rec.Status)).Observe(time.Since(start).Seconds())
+			if !rec.Detached() {
+				rec.Done(rec.Status)
+			}
 		})
 	}
 }
