@@ -91,3 +91,15 @@ func (s *Store) Batches() int64 {
 	}
 	return s.batcher.batches.Load()
 }
+
+// TestStatements runs statements as writes outside a transaction do.
+func (s *Store) TestStatements(ctx context.Context, queries ...string) error {
+	return s.writeStatements(ctx, func(q querier) error {
+		for _, query := range queries {
+			if _, err := q.ExecContext(ctx, query); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -167,6 +167,13 @@ func (s *Store) writeBatch(batch []*pendingWrite) {
 	for i, w := range live {
 		t := &txn{tx: tx, cache: s.wstmts}
 		txns[i] = t
+		if w.stmts != nil {
+			// Statements that would each have been a transaction need no
+			// savepoint: SQLite undoes a failed statement by itself, and
+			// the ones before it stay, as they would have.
+			w.err = s.runPending(w, t)
+			continue
+		}
 		if !alone {
 			if _, err := t.ExecContext(ctx, `SAVEPOINT write`); err != nil {
 				w.err = err
@@ -193,7 +200,7 @@ func (s *Store) writeBatch(batch []*pendingWrite) {
 			return
 		}
 	}
-	if alone && live[0].err != nil {
+	if alone && live[0].err != nil { // a transaction of its own: nothing of it stays
 		s.wstmts.sent.Add(1)
 		_ = tx.Rollback()
 		txns[0].prepareMissed(ctx)
