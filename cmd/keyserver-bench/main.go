@@ -708,9 +708,23 @@ func (b *bench) uploadKeys(ctx context.Context, c *client) error {
 		return err
 	}
 	if n, ok := counts.OneTimeKeyCounts["signed_curve25519"]; ok {
-		d.unclaimed.Store(n)
+		d.noteUploadCount(n)
 	}
 	return nil
+}
+
+// noteUploadCount takes the count an upload's answer gives when it is
+// higher than the tool's (a claim the tool counted may have handed out the
+// fallback key instead). A lower one is not taken: it leaves out the room
+// other clients have reserved on the device for uploads still in flight,
+// and taking it let them fill the device past the cap.
+func (d *device) noteUploadCount(n int64) {
+	for {
+		cur := d.unclaimed.Load()
+		if n <= cur || d.unclaimed.CompareAndSwap(cur, n) {
+			return
+		}
+	}
 }
 
 type phaseResult struct {

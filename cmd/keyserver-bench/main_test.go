@@ -296,3 +296,27 @@ func TestUploadRoomMade(t *testing.T) {
 		t.Fatalf("%d keys recorded as handed out, %d twice; want 30 and 0", len(b.claimed), b.twice.Load())
 	}
 }
+
+// An upload's answer does not undo the room other clients reserved on the
+// device meanwhile: with room for two uploads, both reserved, the first
+// one's answer (which counts only its own keys) leaves no room for a
+// third.
+func TestUploadAnswerKeepsOthersReservations(t *testing.T) {
+	b := &bench{o: options{keyCap: 500}, devices: []*device{{userID: "@u:x", deviceID: "D"}}}
+	d := b.devices[0]
+	d.unclaimed.Store(490)
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	for range 2 {
+		if _, reserved := b.deviceWithRoom(rng, 5); !reserved {
+			t.Fatal("no room reserved where there was room for two uploads")
+		}
+	}
+	d.noteUploadCount(495) // the first upload's answer
+	if _, reserved := b.deviceWithRoom(rng, 5); reserved {
+		t.Fatalf("a third upload reserved room on a full device (count %d)", d.unclaimed.Load())
+	}
+	d.noteUploadCount(503) // the server holds more than the tool counted
+	if d.unclaimed.Load() != 503 {
+		t.Fatalf("count %d, want the server's higher 503", d.unclaimed.Load())
+	}
+}
