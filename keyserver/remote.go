@@ -288,10 +288,16 @@ func (s *Service) heldResync(ctx context.Context, server, userID string, wait bo
 		if err != nil {
 			return nil, err
 		}
-		if l := lists[userID]; l != nil && !l.Stale {
+		l := lists[userID]
+		if l == nil {
+			// Its list was dropped meanwhile (no shared room left): fetch
+			// it as for any user whose list is not kept.
+			return s.ResyncRemoteUser(ctx, server, userID)
+		}
+		if !l.Stale {
 			return l, nil
 		}
-		// Marked again, or its list dropped, meanwhile: go round.
+		// Marked again meanwhile: go round, to hold it or wait again.
 	}
 }
 
