@@ -221,15 +221,7 @@ func reverse(b []byte) []byte {
 // BenchmarkOneTimeKeySignatures checks the five signatures of a typical
 // upload, by one device, against VerifyJSON doing the same.
 func BenchmarkOneTimeKeySignatures(b *testing.B) {
-	v, err := testvectors.Load()
-	if err != nil {
-		b.Fatal(err)
-	}
-	c := v.Clients[0]
-	dk, err := ParseDeviceKeys(c.DeviceKeys)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, dk := firstRealClient(b)
 	var canon [][]byte
 	for _, k := range c.OneTimeKeys {
 		ck, err := canonical(k)
@@ -266,15 +258,7 @@ func BenchmarkOneTimeKeySignatures(b *testing.B) {
 // BenchmarkCheckOneTimeKeys checks five signed one-time keys as an upload
 // does: shape, canonical JSON and signature.
 func BenchmarkCheckOneTimeKeys(b *testing.B) {
-	v, err := testvectors.Load()
-	if err != nil {
-		b.Fatal(err)
-	}
-	c := v.Clients[0]
-	dk, err := ParseDeviceKeys(c.DeviceKeys)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, dk := firstRealClient(b)
 	var names []string
 	var raws []json.RawMessage
 	for name, k := range c.OneTimeKeys {
@@ -291,4 +275,19 @@ func BenchmarkCheckOneTimeKeys(b *testing.B) {
 			}
 		}
 	}
+}
+
+// firstRealClient returns the first real client of the test vectors with
+// its parsed device keys, for the benchmarks.
+func firstRealClient(b *testing.B) (testvectors.Client, *DeviceKeys) {
+	v, err := testvectors.Load()
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := v.Clients[0]
+	dk, err := ParseDeviceKeys(c.DeviceKeys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, dk
 }
