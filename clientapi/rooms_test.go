@@ -536,6 +536,75 @@ func TestRoomConcurrentSends(t *testing.T) {
 	})
 }
 
+// Requests sent at once into one room, messages written while those
+// before them are still being written: the retries of one transaction,
+// arriving together, get its one event, and state events among the
+// messages keep the room one chain.
+func TestRoomConcurrentRetriesAndState(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		roomID := createRoom(t, srv, alice, map[string]any{})
+		const txns, tries = 6, 4
+		ids := make([][]string, txns)
+		var topics []string
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range txns {
+			ids[i] = make([]string, tries)
+			for j := range tries {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := srv.Do(t, "PUT", roomPath(roomID, "/send/m.room.message/t"+strconv.Itoa(i)), alice.Token, map[string]any{"body": strconv.Itoa(i)})
+					if r.Status != http.StatusOK {
+						t.Errorf("send %d: %s", i, r.Raw)
+						return
+					}
+					ids[i][j] = r.Body["event_id"].(string)
+				}()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := srv.Do(t, "PUT", roomPath(roomID, "/state/m.room.topic/"), alice.Token, map[string]any{"topic": strconv.Itoa(i)})
+				if r.Status != http.StatusOK {
+					t.Errorf("topic %d: %s", i, r.Raw)
+					return
+				}
+				mu.Lock()
+				topics = append(topics, r.Body["event_id"].(string))
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		sent := slices.Clone(topics)
+		for i, got := range ids {
+			for _, id := range got {
+				if id != got[0] {
+					t.Fatalf("the retries of transaction %d got events %v", i, got)
+				}
+			}
+			sent = append(sent, got[0])
+		}
+		expectLinearRoom(t, srv, roomID, sent)
+		evs, _, err := srv.Store.RoomTimeline(context.Background(), roomID, 0, 1<<62, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[string]int{}
+		for _, ev := range evs {
+			counts[ev.Type]++
+		}
+		if counts["m.room.message"] != txns || counts["m.room.topic"] != txns {
+			t.Fatalf("the room holds %v, want %d messages and %d topics", counts, txns, txns)
+		}
+	})
+}
+
 // Two daemons sharing a PostgreSQL database write into one room at once:
 // a write built on extremities the other daemon has moved is built again.
 func TestRoomSendsFromTwoDaemons(t *testing.T) {

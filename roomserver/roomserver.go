@@ -90,6 +90,7 @@ import (
 // Store is what rooms keep in the database (package sqlstore).
 type Store interface {
 	WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (storage.RoomWriteResult, error)
+	StartRoomWrite(ctx context.Context, w storage.RoomWrite) func() (storage.RoomWriteResult, error)
 	Room(ctx context.Context, roomID string) (storage.Room, error)
 	RoomCurrentState(ctx context.Context, roomID string) ([]storage.RoomEvent, error)
 	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
@@ -150,7 +151,7 @@ type Options struct {
 type Service struct {
 	db    Store
 	opts  Options
-	locks sync.Map // room ID -> *sync.Mutex: one local write at a time per room
+	pipes sync.Map // room ID -> *roomPipe: the room's local writes
 	// states keeps state read for building events.
 	states stateCache
 }
@@ -196,13 +197,6 @@ func RoomVersions() map[string]string {
 // this server creates and joins (no pseudo IDs).
 func userIDForSender(_ spec.RoomID, senderID spec.SenderID) (*spec.UserID, error) {
 	return spec.NewUserID(string(senderID), true)
-}
-
-func (s *Service) lock(roomID string) func() {
-	m, _ := s.locks.LoadOrStore(roomID, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
 }
 
 // pdu reads a stored event with the rules of its room version.
@@ -349,67 +343,132 @@ func (s *Service) send(ctx context.Context, roomID, sender, evType string, state
 // invitee's server).
 func (s *Service) sendFinished(ctx context.Context, roomID, sender, evType string, stateKey *string, content any, txn *storage.RoomTxn,
 	finish func(gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error)) (gomatrixserverlib.PDU, error) {
-	defer s.lock(roomID)()
-	if txn != nil {
-		if id, err := s.db.RoomTxnEvent(ctx, *txn); err == nil {
-			ev, err := s.db.RoomEvent(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			return pdu(ev)
-		} else if !errors.Is(err, storage.ErrNotFound) {
-			return nil, err
-		}
-	}
 	needed, err := stateNeeded(sender, evType, stateKey, content)
 	if err != nil {
 		return nil, err
 	}
+	p := s.pipe(roomID)
 	for attempt := 0; ; attempt++ {
-		room, err := s.db.Room(ctx, roomID)
-		if errors.Is(err, storage.ErrNotFound) {
-			return nil, errNoRoom(roomID)
-		} else if err != nil {
-			return nil, err
-		}
-		impl, err := gomatrixserverlib.GetRoomVersion(gomatrixserverlib.RoomVersion(room.RoomVersion))
-		if err != nil {
-			return nil, mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", room.RoomVersion)
-		}
-		// Only the state the auth rules look at is loaded, of the
-		// snapshot that goes with the extremities the event builds on.
-		state, err := s.snapshotState(ctx, room.StateSnapshot, needed)
-		if err != nil {
-			return nil, err
-		}
-		c := s.newChain(impl, roomID, state, room.Extremities, room.Depth)
-		ev, err := c.add(sender, evType, stateKey, content)
-		if err != nil {
-			return nil, err
-		}
-		if finish != nil {
-			if ev, err = finish(ev); err != nil {
-				return nil, err
-			}
-			c.records[len(c.records)-1] = record(ev)
-		}
-		w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Events: c.records, Txn: txn, Federate: s.opts.Federated,
-			Now: s.opts.Now().UnixMilli()}
-		if red, err := s.redaction(ctx, ev); err != nil {
-			return nil, err
-		} else if red != nil {
-			w.Redactions = []storage.RoomRedaction{*red}
-		}
-		res, err := s.db.WriteRoomEvents(ctx, w)
+		ev, res, err := s.sendOnce(ctx, p, attempt > 0, roomID, sender, evType, stateKey, content, txn, needed, finish)
 		if errors.Is(err, storage.ErrRoomMoved) && attempt < maxAttempts {
 			continue
 		}
+		if errors.Is(err, storage.ErrTxnDone) { // a retry, its first done
+			id, err := s.db.RoomTxnEvent(ctx, *txn)
+			if err != nil {
+				return nil, err
+			}
+			return s.storedEvent(ctx, id)
+		}
 		if err != nil {
 			return nil, err
 		}
-		s.written(res)
+		if res != nil {
+			s.written(*res)
+		}
 		return ev, nil
 	}
+}
+
+// sendOnce builds an event on the room's head (roomPipe) and writes it. A
+// message is written in the room's pipe: the room is free for the next
+// one as soon as the write has started; anything else holds the room
+// until written. The result is nil when the event is the one a client
+// transaction in flight made.
+func (s *Service) sendOnce(ctx context.Context, p *roomPipe, retry bool, roomID, sender, evType string, stateKey *string, content any,
+	txn *storage.RoomTxn, needed []storage.StateKey, finish func(gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error),
+) (gomatrixserverlib.PDU, *storage.RoomWriteResult, error) {
+	p.mu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			p.mu.Unlock()
+		}
+	}()
+	if retry {
+		p.drain() // the room moved: what was in flight on the old head ends first
+	}
+	p.settle()
+	if txn != nil {
+		if f := p.inFlight(txn); f != nil {
+			p.mu.Unlock()
+			locked = false
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+			if f.err != nil {
+				return nil, nil, storage.ErrRoomMoved // sent again, on the room as it is
+			}
+			ev, err := s.storedEvent(ctx, f.eventID)
+			return ev, nil, err
+		}
+		// A retry whose first has ended is found by its write
+		// (storage.ErrTxnDone): retries are rare, reads on every send
+		// are not.
+	}
+	room, err := p.current(ctx, s.db, roomID)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil, nil, errNoRoom(roomID)
+	} else if err != nil {
+		return nil, nil, err
+	}
+	impl, err := gomatrixserverlib.GetRoomVersion(gomatrixserverlib.RoomVersion(room.RoomVersion))
+	if err != nil {
+		return nil, nil, mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", room.RoomVersion)
+	}
+	// Only the state the auth rules look at is loaded, of the snapshot
+	// that goes with the extremities the event builds on.
+	state, err := s.snapshotState(ctx, room.StateSnapshot, needed)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := s.newChain(impl, roomID, state, room.Extremities, room.Depth)
+	ev, err := c.add(sender, evType, stateKey, content)
+	if err != nil {
+		return nil, nil, err
+	}
+	if finish != nil {
+		if ev, err = finish(ev); err != nil {
+			return nil, nil, err
+		}
+		c.records[len(c.records)-1] = record(ev)
+	}
+	w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Head: room.Head, StateSnapshot: room.StateSnapshot,
+		NewHead: newHead(), Events: c.records, Txn: txn, Federate: s.opts.Federated, Now: s.opts.Now().UnixMilli()}
+	if red, err := s.redaction(ctx, ev); err != nil {
+		return nil, nil, err
+	} else if red != nil {
+		w.Redactions = []storage.RoomRedaction{*red}
+	}
+	wait := p.start(ctx, s.db, w)
+	after := room
+	after.Extremities, after.Depth, after.Head = []string{ev.EventID()}, max(room.Depth, ev.Depth()), w.NewHead
+	if ev.StateKey() == nil && finish == nil {
+		// A message: the next event builds on it now.
+		p.head = &after
+		p.mu.Unlock()
+		locked = false
+		res, err := wait()
+		return ev, &res, err
+	}
+	res, err := wait()
+	if err != nil {
+		return nil, nil, err // the head is read again (settle)
+	}
+	after.StateSnapshot = res.StateSnapshot
+	p.head = &after
+	return ev, &res, nil
+}
+
+// storedEvent reads an event of ours back.
+func (s *Service) storedEvent(ctx context.Context, eventID string) (gomatrixserverlib.PDU, error) {
+	ev, err := s.db.RoomEvent(ctx, eventID)
+	if err != nil {
+		return nil, err
+	}
+	return pdu(ev)
 }
 
 // stateNeeded lists the state an event's auth events come from

@@ -10,6 +10,11 @@ import (
 // its events again on the new ones.
 var ErrRoomMoved = errors.New("storage: the room changed under the write")
 
+// ErrTxnDone is returned by a room write whose client transaction
+// (RoomWrite.Txn) has its event already: RoomTxnEvent names it, and the
+// write changed nothing.
+var ErrTxnDone = errors.New("storage: the client transaction has its event already")
+
 // ErrExists is returned when a unique name (a room alias) is taken.
 var ErrExists = errors.New("storage: already exists")
 
@@ -28,6 +33,9 @@ type Room struct {
 	// state after Extremities). Snapshots never change: what is read of
 	// one may be kept.
 	StateSnapshot int64
+	// Head changes with every write to the room (a random number): a write
+	// built on this read names it (RoomWrite.Head).
+	Head int64
 }
 
 // RoomEvent is a stored event of a room.
@@ -63,11 +71,21 @@ type RoomWrite struct {
 	// Extremities are those the first event was built on; the write fails
 	// with ErrRoomMoved when the room's differ.
 	Extremities []string
-	Events      []RoomEvent
+	// Head, when not zero, is the room's head the events were built on
+	// (Room.Head, or the NewHead of a write started before this one): the
+	// write fails with ErrRoomMoved when the room's differs, and then
+	// Extremities and StateSnapshot are taken as what goes with it rather
+	// than read back. Zero: the write reads the room and compares
+	// Extremities.
+	Head          int64
+	StateSnapshot int64
+	// NewHead is the room's head after the write; zero: a new random one.
+	NewHead int64
+	Events  []RoomEvent
 	// Alias, when set, is created with the room (ErrExists when taken).
 	Alias string
 	// Txn, when set, records the last event as the result of a client's
-	// transaction.
+	// transaction; the write fails with ErrTxnDone when it has one.
 	Txn *RoomTxn
 	// Redactions replace events' JSON by their redacted form.
 	Redactions []RoomRedaction
@@ -96,6 +114,8 @@ type RoomWriteResult struct {
 	// PDUsQueued says events were queued for other servers: the sender
 	// has work.
 	PDUsQueued bool
+	// Head and StateSnapshot are the room's after the write (Room's).
+	Head, StateSnapshot int64
 }
 
 // OutboundPDU is one of our events queued for another server; ID orders

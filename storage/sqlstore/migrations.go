@@ -531,6 +531,15 @@ CREATE INDEX outbound_pdus_destination ON outbound_pdus (destination, id);
 -- and the updater leaves the user alone meanwhile
 ALTER TABLE stale_device_lists ADD COLUMN resync_until {{BIGINT}} NOT NULL DEFAULT 0;
 `},
+	{18, "rooms: a head that changes with every write", `
+-- a number every write of the room replaces by a new one (random): a write
+-- built on what was read of the room names the head it read, and is made
+-- only if the room still has it. One compare on the row the write locks
+-- anyway, instead of reading the extremities back; and a write built on
+-- another not yet committed names that one's new head, so it fails if
+-- that one does.
+ALTER TABLE rooms ADD COLUMN head {{BIGINT}} NOT NULL DEFAULT 0;
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

@@ -80,9 +80,11 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2 WHERE room_id = $3`, next, depth, in.RoomID); err != nil {
+		head := newRoomHead()
+		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2, head = $3 WHERE room_id = $4`, next, depth, head, in.RoomID); err != nil {
 			return err
 		}
+		res.Head, res.StateSnapshot = head, next
 		// Sent on after the room's state moved, so a join it brings makes
 		// its server a destination. A rejected or soft-failed event is not.
 		members, err := s.txRoomMembers(ctx, tx, in.RoomID, next)

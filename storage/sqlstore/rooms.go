@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,10 +25,26 @@ import (
 func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ storage.RoomWriteResult, err error) {
 	defer named("WriteRoomEvents", &err)
 	var res storage.RoomWriteResult
-	ch, err := s.writeChange(ctx, func(tx *txn) error {
-		res = storage.RoomWriteResult{}
-		var snapshot, depth int64
-		if c := w.Create; c != nil {
+	ch, err := s.writeChange(ctx, s.roomWrite(ctx, w, &res))
+	res.Change = ch
+	return res, err
+}
+
+// roomWrite is the transaction of WriteRoomEvents, filling *res.
+func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage.RoomWriteResult) func(tx *txn) error {
+	return func(tx *txn) error {
+		*res = storage.RoomWriteResult{}
+		head := w.NewHead
+		if head == 0 {
+			head = newRoomHead()
+		}
+		var depth int64
+		for _, ev := range w.Events {
+			depth = max(depth, ev.Depth)
+		}
+		snapshot := w.StateSnapshot
+		switch {
+		case w.Create != nil:
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM rooms WHERE room_id = $1`, w.RoomID).Scan(&n); err != nil {
 				return err
@@ -35,18 +52,56 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 			if n > 0 {
 				return storage.ErrExists
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO rooms (room_id, room_version, creator, published, depth, state_snapshot, created_ts)
-				VALUES ($1, $2, $3, $4, 0, 0, $5)`, w.RoomID, c.RoomVersion, c.Creator, boolInt(c.Published), w.Now); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO rooms (room_id, room_version, creator, published, depth, state_snapshot, created_ts, head)
+				VALUES ($1, $2, $3, $4, $5, 0, $6, $7)`, w.RoomID, w.Create.RoomVersion, w.Create.Creator, boolInt(w.Create.Published), depth, w.Now, head); err != nil {
 				return err
 			}
-		} else {
+			snapshot = 0
+		case w.Head != 0:
+			// The compare and the lock in one statement.
+			r, err := tx.ExecContext(ctx, `UPDATE rooms SET head = $1, depth = CASE WHEN depth > $2 THEN depth ELSE $2 END
+				WHERE room_id = $3 AND head = $4`, head, depth, w.RoomID, w.Head)
+			if err != nil {
+				return err
+			}
+			if n, err := r.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				var n int
+				if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM rooms WHERE room_id = $1`, w.RoomID).Scan(&n); err != nil {
+					return err
+				}
+				if n == 0 {
+					return storage.ErrNotFound
+				}
+				return storage.ErrRoomMoved
+			}
+		default:
 			var have []string
 			var err error
-			if snapshot, depth, have, err = s.txLockRoom(ctx, tx, w.RoomID); err != nil {
+			var was int64
+			if snapshot, was, have, err = s.txLockRoom(ctx, tx, w.RoomID); err != nil {
 				return err
 			}
 			if !sameSet(have, w.Extremities) {
 				return storage.ErrRoomMoved
+			}
+			depth = max(depth, was)
+			if _, err := tx.ExecContext(ctx, `UPDATE rooms SET head = $1, depth = $2 WHERE room_id = $3`, head, depth, w.RoomID); err != nil {
+				return err
+			}
+		}
+		// A retried request whose first made its event: nothing more.
+		if t := w.Txn; t != nil && len(w.Events) > 0 {
+			r, err := tx.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, $5)
+				ON CONFLICT (user_id, device_id, txn_path) DO NOTHING`, t.UserID, t.DeviceID, t.Path, w.Events[len(w.Events)-1].EventID, w.Now)
+			if err != nil {
+				return err
+			}
+			if n, err := r.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				return storage.ErrTxnDone
 			}
 		}
 		if w.Alias != "" {
@@ -54,17 +109,26 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 				return err
 			}
 		}
+		was := snapshot
 		nids := make([]int64, len(w.Events))
+		positions := make([]storage.StreamPos, len(w.Events))
 		for i, ev := range w.Events {
 			var err error
-			if nids[i], err = s.txWriteRoomEvent(ctx, tx, ev, &snapshot); err != nil {
+			if !s.positionsLast() {
+				if positions[i], err = s.nextPos(ctx, tx); err != nil {
+					return err
+				}
+			}
+			if nids[i], err = s.txWriteRoomEvent(ctx, tx, ev, &snapshot, positions[i]); err != nil {
 				return err
 			}
-			depth = max(depth, ev.Depth)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2 WHERE room_id = $3`, snapshot, depth, w.RoomID); err != nil {
-			return err
+		if snapshot != was {
+			if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1 WHERE room_id = $2`, snapshot, w.RoomID); err != nil {
+				return err
+			}
 		}
+		res.Head, res.StateSnapshot = head, snapshot
 		if err := s.txReplaceExtremities(ctx, tx, w.RoomID, w.Create == nil && len(w.Extremities) == 1, w.Events); err != nil {
 			return err
 		}
@@ -82,12 +146,6 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 		if err := txRedact(ctx, tx, w.Redactions); err != nil {
 			return err
 		}
-		if t := w.Txn; t != nil && len(w.Events) > 0 {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, $5)`,
-				t.UserID, t.DeviceID, t.Path, w.Events[len(w.Events)-1].EventID, w.Now); err != nil {
-				return err
-			}
-		}
 		// Messages concern no one else than the members: the notification
 		// goes before the positions.
 		if len(w.Events) > 0 && !slices.ContainsFunc(w.Events, func(ev storage.RoomEvent) bool { return ev.StateKey != nil }) {
@@ -98,14 +156,22 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 		// Stream positions last: the counter stays locked from the first
 		// one to the commit, holding up every other write of the server.
 		for i, ev := range w.Events {
-			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], &res, w.Now); err != nil {
+			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], positions[i], res, w.Now); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
-	res.Change = ch
-	return res, err
+	}
+}
+
+// newRoomHead is a room's head after a write (storage.Room.Head): random,
+// so that no two writes of a room, on any daemon, make the same.
+func newRoomHead() int64 {
+	for {
+		if h := rand.Int64(); h != 0 {
+			return h
+		}
+	}
 }
 
 // txLockRoom locks a room's record for the transaction and reads it, then
@@ -158,10 +224,18 @@ func txRedact(ctx context.Context, tx *txn, redactions []storage.RoomRedaction) 
 	return nil
 }
 
+// positionsLast says whether a room write takes its events' stream
+// positions last, after everything else it writes: on PostgreSQL, where
+// the counter stays locked from the first position taken to the commit,
+// holding up every other write of the server. SQLite has one writer at a
+// time anyway: there each event's position is written with it.
+func (s *Store) positionsLast() bool { return s.d.name == "postgres" }
+
 // txWriteRoomEvent writes one event after *snapshot (the state before
 // it), moving *snapshot past it when it is a state event, and returns its
-// nid. Its stream position comes later (txPlaceRoomEvent).
-func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, snapshot *int64) (int64, error) {
+// nid. Its stream position is pos, or, when 0, comes later
+// (txPlaceRoomEvent).
+func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, snapshot *int64, pos storage.StreamPos) (int64, error) {
 	var stateKey any
 	if ev.StateKey != nil {
 		stateKey = *ev.StateKey
@@ -174,10 +248,14 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 		}
 	}
 	var nid int64
+	var position any
+	if pos != 0 {
+		position = pos
+	}
 	if err := tx.QueryRowContext(ctx, `INSERT INTO room_events
-		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before, state_after)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING event_nid`,
-		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot, next).Scan(&nid); err != nil {
+		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before, state_after, pos)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING event_nid`,
+		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot, next, position).Scan(&nid); err != nil {
 		return 0, err
 	}
 	if ev.StateKey == nil {
@@ -206,12 +284,15 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	return nid, nil
 }
 
-// txPlaceRoomEvent gives a written event its stream position and, for a
-// membership event, changes the membership device lists read.
-func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, nid int64, res *storage.RoomWriteResult, now int64) error {
-	pos, err := s.txPositionEvent(ctx, tx, nid)
-	if err != nil {
-		return err
+// txPlaceRoomEvent gives a written event its stream position (unless it
+// has one, pos) and, for a membership event, changes the membership
+// device lists read.
+func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, nid int64, pos storage.StreamPos, res *storage.RoomWriteResult, now int64) error {
+	if pos == 0 {
+		var err error
+		if pos, err = s.txPositionEvent(ctx, tx, nid); err != nil {
+			return err
+		}
 	}
 	if ev.StateKey == nil {
 		return nil
@@ -234,19 +315,11 @@ func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	return err
 }
 
-// txPositionEvent gives a stored event the next stream position. On
-// PostgreSQL it is one statement: from the counter's update to the
-// commit, every other write of the server waits, so each round trip
-// there counts.
+// txPositionEvent gives a stored event the next stream position, on
+// PostgreSQL (positionsLast), in one statement: from the counter's update
+// to the commit, every other write of the server waits, so each round
+// trip there counts.
 func (s *Store) txPositionEvent(ctx context.Context, tx *txn, nid int64) (storage.StreamPos, error) {
-	if s.d.name != "postgres" { // SQLite has no updates in WITH
-		pos, err := s.nextPos(ctx, tx)
-		if err != nil {
-			return 0, err
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE room_events SET pos = $1 WHERE event_nid = $2`, pos, nid)
-		return pos, err
-	}
 	var pos storage.StreamPos
 	if err := tx.QueryRowContext(ctx, `WITH p AS (UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos)
 		UPDATE room_events SET pos = (SELECT pos FROM p) WHERE event_nid = $1 RETURNING pos`, nid).Scan(&pos); err != nil {
@@ -278,7 +351,7 @@ func boolInt(b bool) int {
 // event built on them gets the depth that goes with them.
 func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err error) {
 	defer named("Room", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT r.room_version, r.creator, r.published, r.depth, r.state_snapshot, x.event_id
+	rows, err := s.q.QueryContext(ctx, `SELECT r.room_version, r.creator, r.published, r.depth, r.state_snapshot, r.head, x.event_id
 		FROM rooms r LEFT JOIN room_extremities x ON x.room_id = r.room_id WHERE r.room_id = $1`, roomID)
 	if err != nil {
 		return storage.Room{}, err
@@ -289,7 +362,7 @@ func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err er
 	for rows.Next() {
 		var published int
 		var extremity sql.NullString
-		if err := rows.Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth, &r.StateSnapshot, &extremity); err != nil {
+		if err := rows.Scan(&r.RoomVersion, &r.Creator, &published, &r.Depth, &r.StateSnapshot, &r.Head, &extremity); err != nil {
 			return r, err
 		}
 		found = true

@@ -223,11 +223,14 @@ func TestRoomWritesConcernTheMembersOfTheirState(t *testing.T) {
 		expect("the second message", write(roomEvent("$m2", "m.room.message", nil, "", 0)), a)
 		expect("b's join", write(roomEvent("$join-b", "m.room.member", &b, "join", 0)), a, b)
 		expect("a message after b's join", write(roomEvent("$m3", "m.room.message", nil, "", 0)), a, b)
-		// A state write that fails at its very end (its transaction ID is
-		// taken) leaves nothing behind, its snapshot's members included.
+		// A state write repeating a transaction (a retried request) fails
+		// and leaves nothing behind, its snapshot's members included.
 		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{ext}, Txn: txn,
-			Events: []storage.RoomEvent{roomEvent("$invite-c", "m.room.member", &c, "invite", depth+1)}}); err == nil {
-			t.Fatal("a write repeating a transaction succeeded")
+			Events: []storage.RoomEvent{roomEvent("$invite-c", "m.room.member", &c, "invite", depth+1)}}); !errors.Is(err, storage.ErrTxnDone) {
+			t.Fatalf("a write repeating a transaction: %v", err)
+		}
+		if _, err := s.RoomEvent(ctx, "$invite-c"); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("the repeated transaction's event was stored: %v", err)
 		}
 		expect("b's leave", write(roomEvent("$leave-b", "m.room.member", &b, "leave", 0)), a, b)
 		expect("a message after b's leave", write(roomEvent("$m4", "m.room.message", nil, "", 0)), a)

@@ -54,6 +54,9 @@ type Store struct {
 	// batcher writes SQLite's writes, several to a commit (nil on
 	// PostgreSQL, where each write is a transaction of its own).
 	batcher *writeBatcher
+	// roomWrites orders PostgreSQL's room writes started one after the
+	// other (StartRoomWrite): room ID -> closed when its last one ends.
+	roomWrites sync.Map
 	// q runs the store's statements on db, prepared once and reused;
 	// wstmts are the write pool's prepared statements.
 	q      pool

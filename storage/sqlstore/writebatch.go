@@ -68,18 +68,36 @@ func newWriteBatcher(s *Store) *writeBatcher { return &writeBatcher{s: s} }
 // write makes w, alone or in a batch, and returns its result; a panic of
 // its function is raised again here, on the caller's goroutine.
 func (b *writeBatcher) write(w *pendingWrite) (storage.Change, error) {
+	waited, err := b.enqueue(w)
+	if err != nil {
+		return storage.Change{}, err
+	}
+	return b.await(w, waited)
+}
+
+// enqueue puts w in the queue, after every write enqueued before it:
+// writes are made in the order enqueued. waited says whether w waits for
+// its turn. The caller must then call await, soon: a write that does not
+// wait writes the next batch on the caller's goroutine, and those after
+// it wait for that.
+func (b *writeBatcher) enqueue(w *pendingWrite) (waited bool, err error) {
 	w.wake = make(chan struct{}, 1)
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.closed {
-		b.mu.Unlock()
-		return storage.Change{}, errStoreClosed
+		return false, errStoreClosed
 	}
 	b.pending.Add(1)
-	defer b.pending.Done()
 	b.queue = append(b.queue, w)
-	waited := b.writing
+	waited = b.writing
 	b.writing = true
-	b.mu.Unlock()
+	return waited, nil
+}
+
+// await waits for w's turn, writes its batch if it heads the queue, and
+// returns its result.
+func (b *writeBatcher) await(w *pendingWrite, waited bool) (storage.Change, error) {
+	defer b.pending.Done()
 	if waited {
 		<-w.wake
 	}

@@ -1,0 +1,101 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// Room writes started one after the other are made in that order: a
+// write built on one not yet committed (its Head that one's NewHead)
+// succeeds after it; one built on a head the room never had fails with
+// ErrRoomMoved, and so does every write built on that one, changing
+// nothing.
+func TestRoomWritesStartedInOrder(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		if _, err := s.CreateAccount(ctx, "@a:x", "x", nil); err != nil {
+			t.Fatal(err)
+		}
+		empty, a := "", "@a:x"
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+			RoomID: "!r:x", Events: []storage.RoomEvent{
+				roomEvent("$create", "m.room.create", &empty, "", 1),
+				roomEvent("$join", "m.room.member", &a, "join", 2),
+			}}); err != nil {
+			t.Fatal(err)
+		}
+		room, err := s.Room(ctx, "!r:x")
+		if err != nil || room.Head == 0 {
+			t.Fatalf("room %+v %v", room, err)
+		}
+		// A chain of messages, each started before the one before it is
+		// waited for.
+		const n = 8
+		waits := make([]func() (storage.RoomWriteResult, error), n)
+		head, prev := room.Head, room.Extremities
+		var ids []string
+		for i := range n {
+			id := "$m" + string(rune('a'+i))
+			ids = append(ids, id)
+			w := storage.RoomWrite{RoomID: "!r:x", Extremities: prev, Head: head, StateSnapshot: room.StateSnapshot,
+				NewHead: int64(1000 + i), Events: []storage.RoomEvent{roomEvent(id, "m.room.message", nil, "", int64(3+i))}}
+			waits[i] = s.StartRoomWrite(ctx, w)
+			head, prev = w.NewHead, []string{id}
+		}
+		var positions []storage.StreamPos
+		for i, wait := range waits {
+			res, err := wait()
+			if err != nil {
+				t.Fatalf("message %d: %v", i, err)
+			}
+			if res.Head != int64(1000+i) || res.StateSnapshot != room.StateSnapshot {
+				t.Fatalf("message %d left head %d, snapshot %d", i, res.Head, res.StateSnapshot)
+			}
+			positions = append(positions, res.Pos)
+		}
+		if !slices.IsSorted(positions) || positions[0] == positions[n-1] {
+			t.Fatalf("positions %v: not in the order started", positions)
+		}
+		after, err := s.Room(ctx, "!r:x")
+		if err != nil || after.Head != head || !slices.Equal(after.Extremities, prev) || after.Depth != 2+n {
+			t.Fatalf("room after the chain %+v %v", after, err)
+		}
+		evs, err := s.RoomEventsByID(ctx, ids)
+		if err != nil || len(evs) != n {
+			t.Fatalf("%d of %d messages stored: %v", len(evs), n, err)
+		}
+
+		// Built on a head the room does not have, and one built on that.
+		pos, _ := s.CurrentPos(ctx)
+		bad := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: prev, Head: head + 1, NewHead: 1,
+			StateSnapshot: after.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$bad", "m.room.message", nil, "", 20)}})
+		onBad := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$bad"}, Head: 1, NewHead: 2,
+			StateSnapshot: after.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$onbad", "m.room.message", nil, "", 21)}})
+		if _, err := bad(); !errors.Is(err, storage.ErrRoomMoved) {
+			t.Fatalf("a write on a head the room does not have: %v", err)
+		}
+		if _, err := onBad(); !errors.Is(err, storage.ErrRoomMoved) {
+			t.Fatalf("a write built on a failed one: %v", err)
+		}
+		if now, _ := s.CurrentPos(ctx); now != pos {
+			t.Fatalf("refused writes moved the stream %d -> %d", pos, now)
+		}
+		if evs, err := s.RoomEventsByID(ctx, []string{"$bad", "$onbad"}); err != nil || len(evs) != 0 {
+			t.Fatalf("refused events stored: %v %v", eventIDs(evs), err)
+		}
+		if r, err := s.Room(ctx, "!r:x"); err != nil || r.Head != head || !slices.Equal(r.Extremities, prev) {
+			t.Fatalf("room after refused writes %+v %v", r, err)
+		}
+		// A head names a room: an unknown one is not found.
+		if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!nowhere:x", Head: 5, Extremities: []string{"$x"},
+			Events: []storage.RoomEvent{roomEvent("$x", "m.room.message", nil, "", 1)}})(); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("a write to an unknown room: %v", err)
+		}
+	})
+}
