@@ -540,6 +540,11 @@ ALTER TABLE stale_device_lists ADD COLUMN resync_until {{BIGINT}} NOT NULL DEFAU
 -- that one does.
 ALTER TABLE rooms ADD COLUMN head {{BIGINT}} NOT NULL DEFAULT 0;
 `},
+	{19, "room events: no index on the stream position alone", `
+-- every read of events by position names their room (room_events_timeline);
+-- the index on the position alone only cost every event's write a page
+DROP INDEX room_events_pos;
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
