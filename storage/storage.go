@@ -38,6 +38,7 @@ type StreamPos int64
 // change (0 when it changed nothing) and the local users it concerns,
 // whose /keys/changes or /sync device_lists it may enter (a superset; no
 // one else's). Waiting /sync requests of other users need not look.
+// Users is sorted, and may be shared with other changes: read only.
 type Change struct {
 	Pos   StreamPos
 	Users []string

@@ -173,6 +173,10 @@ type txn struct {
 	// users whose room-mates are in it already (see storage.Change).
 	pos       storage.StreamPos
 	concerned map[string]struct{}
+	// sorted is a sorted list of concerned users kept as it is while it
+	// is all the transaction concerns (concernSorted): a room's local
+	// members, shared by every message of the room, are not copied.
+	sorted []string
 	lookedUp  map[string]bool
 	// notified: the stream notification is sent already (notifyEarly).
 	notified bool
@@ -183,15 +187,32 @@ func (t *txn) concern(users ...string) {
 	if t.concerned == nil {
 		t.concerned = map[string]struct{}{}
 	}
+	if sorted := t.sorted; sorted != nil {
+		t.sorted = nil
+		t.concern(sorted...)
+	}
 	for _, u := range users {
 		t.concerned[u] = struct{}{}
 	}
 }
 
 // change is what the transaction did to the stream so far.
+// concernSorted is concern for a sorted list of distinct users that
+// nobody changes.
+func (t *txn) concernSorted(users []string) {
+	if t.concerned == nil && t.sorted == nil {
+		t.sorted = users
+		return
+	}
+	t.concern(users...)
+}
+
 func (t *txn) change() storage.Change {
 	if t.pos == 0 {
 		return storage.Change{}
+	}
+	if t.concerned == nil && t.sorted != nil {
+		return storage.Change{Pos: t.pos, Users: t.sorted} // shared: read only
 	}
 	users := make([]string, 0, len(t.concerned))
 	for u := range t.concerned {

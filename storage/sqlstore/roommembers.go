@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -9,6 +10,29 @@ import (
 // roomMember is a user joined to or invited into a room.
 type roomMember struct {
 	userID, membership string
+}
+
+// memberList is a room's joined and invited members, and the local ones
+// among them by user ID, sorted: what a write concerns (a message
+// concerns every local member; the list is handed on as it is, not
+// copied per message).
+type memberList struct {
+	all   []roomMember
+	local []string
+}
+
+// newMemberList makes a memberList of the server's members.
+func (s *Store) newMemberList(all []roomMember) memberList {
+	suffix := ":" + s.serverName
+	l := memberList{all: all, local: []string{}}
+	for _, m := range all {
+		if strings.HasSuffix(m.userID, suffix) {
+			l.local = append(l.local, m.userID)
+		}
+	}
+	slices.Sort(l.local)
+	l.local = slices.Compact(l.local)
+	return l
 }
 
 // memberCache keeps the joined and invited members of state snapshots.
@@ -20,7 +44,7 @@ type roomMember struct {
 // again (SQLite).
 type memberCache struct {
 	mu      sync.Mutex
-	lists   map[int64][]roomMember
+	lists   map[int64]memberList
 	members int // members in lists, bounded by maxCachedMembers
 }
 
@@ -30,7 +54,7 @@ const maxCachedMembers = 200000
 // txRoomMembers returns the joined and invited members of a room's
 // current state in tx, whose snapshot is snapshot (0: not known, not
 // kept).
-func (s *Store) txRoomMembers(ctx context.Context, tx *txn, roomID string, snapshot int64) ([]roomMember, error) {
+func (s *Store) txRoomMembers(ctx context.Context, tx *txn, roomID string, snapshot int64) (memberList, error) {
 	c := &s.roomMembers
 	if snapshot != 0 {
 		c.mu.Lock()
@@ -43,29 +67,30 @@ func (s *Store) txRoomMembers(ctx context.Context, tx *txn, roomID string, snaps
 	rows, err := tx.QueryContext(ctx, `SELECT state_key, membership FROM room_current_state
 		WHERE room_id = $1 AND event_type = 'm.room.member' AND membership IN ('join', 'invite')`, roomID)
 	if err != nil {
-		return nil, err
+		return memberList{}, err
 	}
 	defer rows.Close()
-	list := []roomMember{}
+	all := []roomMember{}
 	for rows.Next() {
 		var m roomMember
 		if err := rows.Scan(&m.userID, &m.membership); err != nil {
-			return nil, err
+			return memberList{}, err
 		}
-		list = append(list, m)
+		all = append(all, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return memberList{}, err
 	}
+	list := s.newMemberList(all)
 	if snapshot != 0 {
 		tx.onCommit(func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if c.lists == nil || c.members+len(list) > maxCachedMembers {
-				c.lists, c.members = map[int64][]roomMember{}, 0
+			if c.lists == nil || c.members+len(all) > maxCachedMembers {
+				c.lists, c.members = map[int64]memberList{}, 0
 			}
 			c.lists[snapshot] = list
-			c.members += len(list)
+			c.members += len(all)
 		})
 	}
 	return list, nil
@@ -73,11 +98,6 @@ func (s *Store) txRoomMembers(ctx context.Context, tx *txn, roomID string, snaps
 
 // concernLocalMembers tells the stream that a write concerns the local
 // members among members: their waiting /sync requests wake.
-func (s *Store) concernLocalMembers(tx *txn, members []roomMember) {
-	suffix := ":" + s.serverName
-	for _, m := range members {
-		if strings.HasSuffix(m.userID, suffix) {
-			tx.concern(m.userID)
-		}
-	}
+func (s *Store) concernLocalMembers(tx *txn, members memberList) {
+	tx.concernSorted(members.local)
 }
