@@ -176,8 +176,8 @@ type txn struct {
 	// sorted is a sorted list of concerned users kept as it is while it
 	// is all the transaction concerns (concernSorted): a room's local
 	// members, shared by every message of the room, are not copied.
-	sorted []string
-	lookedUp  map[string]bool
+	sorted   []string
+	lookedUp map[string]bool
 	// notified: the stream notification is sent already (notifyEarly).
 	notified bool
 }
