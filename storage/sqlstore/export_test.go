@@ -85,6 +85,14 @@ func (s *Store) QueuedWrites() int {
 	return len(s.batcher.queue)
 }
 
+// MessageBatches counts the statements of PostgreSQL's message batches.
+func (s *Store) MessageBatches() int64 {
+	if s.messages == nil {
+		return 0
+	}
+	return s.messages.batches.Load()
+}
+
 func (s *Store) Batches() int64 {
 	if s.batcher == nil {
 		return 0

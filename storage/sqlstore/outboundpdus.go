@@ -34,25 +34,14 @@ func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members []roomMemb
 	if len(events) == 0 {
 		return false, nil
 	}
-	excluded := func(server string) bool {
-		return server == "" || server == s.serverName || slices.Contains(skip, server)
-	}
-	joined := map[string]bool{}
-	for _, m := range members {
-		if server := matrixid.Server(m.userID); m.membership == storage.MembershipJoin && !excluded(server) {
-			joined[server] = true
-		}
-	}
+	joined := s.pduDestinations(members, skip)
 	queued := false
 	for _, ev := range events {
-		dests := make([]string, 0, len(joined)+1)
-		for server := range joined {
-			dests = append(dests, server)
-		}
+		dests := slices.Clone(joined)
 		// An invite reached the invitee's server through /invite: it is
 		// sent again only to servers in the room.
 		if ev.Type == "m.room.member" && ev.StateKey != nil && ev.Membership != storage.MembershipInvite {
-			if server := matrixid.Server(*ev.StateKey); !excluded(server) && !joined[server] {
+			if server := matrixid.Server(*ev.StateKey); server != "" && server != s.serverName && !slices.Contains(skip, server) && !slices.Contains(joined, server) {
 				dests = append(dests, server)
 			}
 		}

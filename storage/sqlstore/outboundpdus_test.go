@@ -46,7 +46,20 @@ func TestRoomWritesQueuePDUs(t *testing.T) {
 			if last == "" {
 				w.Create, w.Extremities = &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a}, nil
 			}
-			res, err := s.WriteRoomEvents(ctx, w)
+			var res storage.RoomWriteResult
+			var err error
+			if len(evs) == 1 && evs[0].StateKey == nil && last != "" {
+				// A message, as sent (on PostgreSQL in a batch of
+				// messages).
+				room, rerr := s.Room(ctx, "!r:x")
+				if rerr != nil {
+					t.Fatal(rerr)
+				}
+				w.Head, w.StateSnapshot = room.Head, room.StateSnapshot
+				res, err = s.StartRoomWrite(ctx, w)()
+			} else {
+				res, err = s.WriteRoomEvents(ctx, w)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

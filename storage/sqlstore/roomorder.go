@@ -16,7 +16,8 @@ import (
 // On SQLite the write joins the write queue at once, and often the
 // commit of the writes before it; on PostgreSQL it waits for the room's
 // write before it to end (a transaction that locked the room first would
-// find it not yet moved on).
+// find it not yet moved on), and a plain message then joins the messages
+// of other rooms waiting to be written (writeMessages).
 func (s *Store) StartRoomWrite(ctx context.Context, w storage.RoomWrite) func() (storage.RoomWriteResult, error) {
 	res := new(storage.RoomWriteResult)
 	if s.batcher != nil {
@@ -45,6 +46,9 @@ func (s *Store) StartRoomWrite(ctx context.Context, w storage.RoomWrite) func() 
 			case <-ctx.Done():
 				return storage.RoomWriteResult{}, ctx.Err()
 			}
+		}
+		if s.messages != nil && isPlainMessage(w) {
+			return s.writeMessage(ctx, w)
 		}
 		return s.WriteRoomEvents(ctx, w)
 	}

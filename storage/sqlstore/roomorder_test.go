@@ -92,6 +92,36 @@ func TestRoomWritesStartedInOrder(t *testing.T) {
 		if r, err := s.Room(ctx, "!r:x"); err != nil || r.Head != head || !slices.Equal(r.Extremities, prev) {
 			t.Fatalf("room after refused writes %+v %v", r, err)
 		}
+		// A retried transaction whose first made its event: refused,
+		// nothing written; and a write built on it fails too.
+		txn := &storage.RoomTxn{UserID: a, DeviceID: "D", Path: "p"}
+		first := storage.RoomWrite{RoomID: "!r:x", Extremities: prev, Head: head, NewHead: 77, StateSnapshot: after.StateSnapshot,
+			Txn: txn, Events: []storage.RoomEvent{roomEvent("$first", "m.room.message", nil, "", 30)}}
+		if _, err := s.StartRoomWrite(ctx, first)(); err != nil {
+			t.Fatal(err)
+		}
+		retry := first
+		retry.Head, retry.NewHead, retry.Extremities = 77, 78, []string{"$first"}
+		retry.Events = []storage.RoomEvent{roomEvent("$retry", "m.room.message", nil, "", 31)}
+		onRetry := storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$retry"}, Head: 78, NewHead: 79, StateSnapshot: after.StateSnapshot,
+			Events: []storage.RoomEvent{roomEvent("$onretry", "m.room.message", nil, "", 32)}}
+		waitRetry, waitOn := s.StartRoomWrite(ctx, retry), s.StartRoomWrite(ctx, onRetry)
+		if _, err := waitRetry(); !errors.Is(err, storage.ErrTxnDone) {
+			t.Fatalf("a repeated transaction: %v", err)
+		}
+		if _, err := waitOn(); !errors.Is(err, storage.ErrRoomMoved) {
+			t.Fatalf("a write built on a repeated transaction: %v", err)
+		}
+		if id, err := s.RoomTxnEvent(ctx, *txn); err != nil || id != "$first" {
+			t.Fatalf("the transaction's event: %q %v", id, err)
+		}
+		if evs, err := s.RoomEventsByID(ctx, []string{"$retry", "$onretry"}); err != nil || len(evs) != 0 {
+			t.Fatalf("refused events stored: %v %v", eventIDs(evs), err)
+		}
+		// On PostgreSQL messages go several to a statement.
+		if db.Name == "postgres" && s.MessageBatches() == 0 {
+			t.Fatal("no message went through PostgreSQL's message batches")
+		}
 		// A head names a room: an unknown one is not found.
 		if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!nowhere:x", Head: 5, Extremities: []string{"$x"},
 			Events: []storage.RoomEvent{roomEvent("$x", "m.room.message", nil, "", 1)}})(); !errors.Is(err, storage.ErrNotFound) {

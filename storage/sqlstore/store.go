@@ -54,6 +54,9 @@ type Store struct {
 	// batcher writes SQLite's writes, several to a commit (nil on
 	// PostgreSQL, where each write is a transaction of its own).
 	batcher *writeBatcher
+	// messages writes PostgreSQL's room messages, several to a statement
+	// (nil on SQLite; see writeMessages).
+	messages *writeBatcher
 	// roomWrites orders PostgreSQL's room writes started one after the
 	// other (StartRoomWrite): room ID -> closed when its last one ends.
 	roomWrites sync.Map
@@ -135,6 +138,8 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000)}
 	if lite != nil {
 		s.batcher = newWriteBatcher(s)
+	} else {
+		s.messages = &writeBatcher{s: s, run: s.writeMessages}
 	}
 	if err := db.PingContext(ctx); err != nil {
 		s.Close()
@@ -201,6 +206,9 @@ func (s *Store) Ping(ctx context.Context) (err error) {
 
 // Close closes the pool.
 func (s *Store) Close() error {
+	if s.messages != nil {
+		s.messages.close()
+	}
 	if s.batcher != nil {
 		s.batcher.close()
 	}

@@ -40,6 +40,11 @@ type pendingWrite struct {
 	ctx   context.Context
 	fn    func(*txn) error
 	stmts func(querier) error
+	// message is a room message written by writeMessages (PostgreSQL),
+	// with its room's members; its result goes to roomResult.
+	message    *storage.RoomWrite
+	members    memberList
+	roomResult storage.RoomWriteResult
 	// wake tells a waiting write that it was written (finished) or that
 	// it is to write the next batch.
 	wake     chan struct{}
@@ -53,7 +58,9 @@ type pendingWrite struct {
 
 // writeBatcher is SQLite's queue of writes.
 type writeBatcher struct {
-	s       *Store
+	s *Store
+	// run writes a batch (writeBatch; PostgreSQL's messages: writeMessages).
+	run     func(batch []*pendingWrite)
 	mu      sync.Mutex
 	queue   []*pendingWrite // waiting, in order; the head writes next
 	writing bool            // a batch is being written
@@ -63,7 +70,7 @@ type writeBatcher struct {
 	batches atomic.Int64
 }
 
-func newWriteBatcher(s *Store) *writeBatcher { return &writeBatcher{s: s} }
+func newWriteBatcher(s *Store) *writeBatcher { return &writeBatcher{s: s, run: s.writeBatch} }
 
 // write makes w, alone or in a batch, and returns its result; a panic of
 // its function is raised again here, on the caller's goroutine.
@@ -119,7 +126,7 @@ func (b *writeBatcher) writeNext() {
 	b.queue = b.queue[n:]
 	b.mu.Unlock()
 
-	b.s.writeBatch(batch)
+	b.run(batch)
 	b.batches.Add(1)
 
 	b.mu.Lock()
