@@ -26,9 +26,13 @@
 //     lookup; the state after an event is the state before it plus the
 //     event when it is state.
 //   - room_extremities: the forward extremities, prev_events of the next
-//     event. A write names the extremities it built on and fails with
+//     event. rooms.head (migration 18) is a random number every write
+//     replaces: a write names the head it built on and fails with
 //     storage.ErrRoomMoved if the room moved meanwhile (another daemon
-//     sharing the database); the event is then built again.
+//     sharing the database, or a write it was built on that failed); the
+//     event is then built again. Each room's head is kept in memory
+//     (roomPipe, pipe.go), so that a message is built on the one before
+//     it while that one is still being written.
 //   - room_current_state: the current state by key, with the membership
 //     of member events, for member lists and a user's rooms.
 //   - room_aliases, room_txns (client transaction IDs per device and
