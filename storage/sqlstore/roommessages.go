@@ -122,14 +122,7 @@ SELECT r.i, placed.pos, (SELECT COUNT(*) FROM notified) FROM r LEFT JOIN placed 
 // of distinct rooms, in one statement.
 func (s *Store) writeMessages(batch []*pendingWrite) {
 	ctx := context.Background() // each write's own context is not for the others
-	live := batch[:0:0]
-	for _, w := range batch {
-		if err := w.ctx.Err(); err != nil {
-			w.err = err
-			continue
-		}
-		live = append(live, w)
-	}
+	live := liveWrites(batch)
 	if len(live) == 0 {
 		return
 	}

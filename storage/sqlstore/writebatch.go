@@ -161,15 +161,7 @@ func (b *writeBatcher) close() {
 func (s *Store) writeBatch(batch []*pendingWrite) {
 	defer s.writeTurn()()
 	ctx := context.Background() // each write's own context is not for the others
-	// A write whose caller gave up before its turn is not made.
-	live := batch[:0:0]
-	for _, w := range batch {
-		if err := w.ctx.Err(); err != nil {
-			w.err = err
-			continue
-		}
-		live = append(live, w)
-	}
+	live := liveWrites(batch)
 	if len(live) == 0 {
 		return
 	}
@@ -251,6 +243,21 @@ func (s *Store) writeBatch(batch []*pendingWrite) {
 		}
 		w.change = t.change()
 	}
+}
+
+// liveWrites returns the writes of a batch whose callers still wait: a
+// write whose caller gave up before its turn is not made, and gets its
+// context's error.
+func liveWrites(batch []*pendingWrite) []*pendingWrite {
+	live := batch[:0:0]
+	for _, w := range batch {
+		if err := w.ctx.Err(); err != nil {
+			w.err = err
+			continue
+		}
+		live = append(live, w)
+	}
+	return live
 }
 
 // failBatch ends a transaction that cannot go on: every write of the
