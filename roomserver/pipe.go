@@ -2,7 +2,6 @@ package roomserver
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 
 	"github.com/keyserver/keyserver/storage"
@@ -128,14 +127,5 @@ func (p *roomPipe) start(ctx context.Context, db Store, w storage.RoomWrite) fun
 		f.err = err
 		close(f.done)
 		return res, err
-	}
-}
-
-// newHead is the head a local write gives its room (storage.Room.Head).
-func newHead() int64 {
-	for {
-		if h := rand.Int64(); h != 0 {
-			return h
-		}
 	}
 }

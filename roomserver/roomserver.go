@@ -440,7 +440,7 @@ func (s *Service) sendOnce(ctx context.Context, p *roomPipe, retry bool, roomID,
 		c.records[len(c.records)-1] = record(ev)
 	}
 	w := storage.RoomWrite{RoomID: roomID, Extremities: room.Extremities, Head: room.Head, StateSnapshot: room.StateSnapshot,
-		NewHead: newHead(), Events: c.records, Txn: txn, Federate: s.opts.Federated, Now: s.opts.Now().UnixMilli()}
+		NewHead: storage.NewRoomHead(), Events: c.records, Txn: txn, Federate: s.opts.Federated, Now: s.opts.Now().UnixMilli()}
 	if red, err := s.redaction(ctx, ev); err != nil {
 		return nil, nil, err
 	} else if red != nil {

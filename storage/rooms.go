@@ -3,6 +3,7 @@ package storage
 import (
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 )
 
 // ErrRoomMoved is returned by a room write built on forward extremities
@@ -79,7 +80,8 @@ type RoomWrite struct {
 	// Extremities.
 	Head          int64
 	StateSnapshot int64
-	// NewHead is the room's head after the write; zero: a new random one.
+	// NewHead is the room's head after the write; zero: a new one
+	// (NewRoomHead).
 	NewHead int64
 	Events  []RoomEvent
 	// Alias, when set, is created with the room (ErrExists when taken).
@@ -183,4 +185,14 @@ type RoomIngest struct {
 	// Redactions replace events' JSON by their redacted form.
 	Redactions []RoomRedaction
 	Now        int64 // milliseconds
+}
+
+// NewRoomHead is a new head for a room (Room.Head): random, so that no two
+// writes of a room, on any daemon, make the same; never zero.
+func NewRoomHead() int64 {
+	for {
+		if h := rand.Int64(); h != 0 {
+			return h
+		}
+	}
 }

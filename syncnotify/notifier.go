@@ -63,13 +63,18 @@ func (n *Notifier) Subscribe(userID string) *Subscription {
 	s := &Subscription{n: n, userID: userID, stream: make(chan struct{}, 1), user: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	m := n.users[userID]
+	n.add(s)
+	return s
+}
+
+// add registers s under its user, with n.mu held.
+func (n *Notifier) add(s *Subscription) {
+	m := n.users[s.userID]
 	if m == nil {
 		m = map[*Subscription]struct{}{}
-		n.users[userID] = m
+		n.users[s.userID] = m
 	}
 	m[s] = struct{}{}
-	return s
 }
 
 // SubscribeFunc is Subscribe for a waiter that has no goroutine to
@@ -83,12 +88,7 @@ func (n *Notifier) SubscribeFunc(userID string, wake func(Event)) *Subscription 
 	if n.closed {
 		wake(ClosingEvent)
 	}
-	m := n.users[userID]
-	if m == nil {
-		m = map[*Subscription]struct{}{}
-		n.users[userID] = m
-	}
-	m[s] = struct{}{}
+	n.add(s)
 	return s
 }
 

@@ -107,18 +107,7 @@ func TestWakesWithoutNewsThenDeadline(t *testing.T) {
 		dials.Add(1)
 		return (&net.Dialer{}).DialContext(ctx, n, a)
 	}}}
-	done := make(chan string, 1)
-	go func() {
-		_, body := get(t, client, url+"/park")
-		done <- body
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Parked() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("not parked")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	done := parkOne(t, p, client, url)
 	for range 5 {
 		waiter.Load().Wake(false)
 	}
@@ -138,15 +127,13 @@ func TestWakesWithoutNewsThenDeadline(t *testing.T) {
 	}
 }
 
-// Once shutting down, requests are not parked, and Shutdown answers the
-// parked ones.
-func TestShutdownAnswersParked(t *testing.T) {
-	p := New(Options{Workers: 1})
-	job := &countingJob{}
-	url := serve(t, p, job, time.Hour, nil)
+// parkOne sends a request that parks, waits until it is parked, and
+// returns the channel its answer's body comes on.
+func parkOne(t *testing.T, p *Parker, client *http.Client, url string) chan string {
+	t.Helper()
 	done := make(chan string, 1)
 	go func() {
-		_, body := get(t, &http.Client{Transport: &http.Transport{}}, url+"/park")
+		_, body := get(t, client, url+"/park")
 		done <- body
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -156,6 +143,16 @@ func TestShutdownAnswersParked(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	return done
+}
+
+// Once shutting down, requests are not parked, and Shutdown answers the
+// parked ones.
+func TestShutdownAnswersParked(t *testing.T) {
+	p := New(Options{Workers: 1})
+	job := &countingJob{}
+	url := serve(t, p, job, time.Hour, nil)
+	done := parkOne(t, p, &http.Client{Transport: &http.Transport{}}, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := p.Shutdown(ctx); err != nil {

@@ -80,7 +80,7 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 				return err
 			}
 		}
-		head := newRoomHead()
+		head := storage.NewRoomHead()
 		if _, err := tx.ExecContext(ctx, `UPDATE rooms SET state_snapshot = $1, depth = $2, head = $3 WHERE room_id = $4`, next, depth, head, in.RoomID); err != nil {
 			return err
 		}

@@ -209,7 +209,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 			w.err = storage.ErrTxnDone
 			s.wstmts.sent.Add(1)
 			if _, err := s.wdb.ExecContext(ctx, `UPDATE rooms SET head = $1 WHERE room_id = $2 AND head = $3`,
-				newRoomHead(), m.RoomID, m.NewHead); err != nil {
+				storage.NewRoomHead(), m.RoomID, m.NewHead); err != nil {
 				w.err = errors.Join(w.err, err)
 			}
 		default:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,7 +35,7 @@ func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage
 		*res = storage.RoomWriteResult{}
 		head := w.NewHead
 		if head == 0 {
-			head = newRoomHead()
+			head = storage.NewRoomHead()
 		}
 		var depth int64
 		for _, ev := range w.Events {
@@ -161,16 +160,6 @@ func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage
 			}
 		}
 		return nil
-	}
-}
-
-// newRoomHead is a room's head after a write (storage.Room.Head): random,
-// so that no two writes of a room, on any daemon, make the same.
-func newRoomHead() int64 {
-	for {
-		if h := rand.Int64(); h != 0 {
-			return h
-		}
 	}
 }
 
