@@ -66,9 +66,14 @@ func (s *Store) cachedMembers(snapshot int64) (memberList, bool) {
 // list their PDUs' destinations (message index, server), $19 is the
 // stream notification (on channel $18). It returns, for each message
 // whose room it moved, its position, or NULL when its transaction turned
-// out to be taken (by a write committed meanwhile). Arrays, not JSON:
-// PostgreSQL knows an array's length when it plans, and so looks each
-// room and transaction up by its index rather than reading whole tables.
+// out to be taken (by a write committed meanwhile).
+//
+// It runs prepared: planning it took ~0.7 ms of PostgreSQL's CPU, more
+// than half of what running it takes for a batch of four. Arrays, not
+// JSON: PostgreSQL's generic plan for it estimates each unnest at a few
+// rows and so looks each room, extremity and transaction up by its index
+// (checked against tables of 100,000 rooms and 300,000 transactions);
+// with JSON it estimated many more and read whole tables.
 const writeMessagesQuery = `
 WITH u AS (
 	SELECT u.*, x.taken IS NOT NULL AS taken
@@ -166,8 +171,8 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 			w.err = err
 		}
 	}
-	s.wstmts.sent.Add(1)
-	rows, err := s.wdb.QueryContext(ctx, writeMessagesQuery, pq.Array(idx), pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads),
+	// PostgreSQL only: s.q runs on s.wdb, prepared.
+	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(idx), pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads),
 		pq.Array(depths), pq.Array(evIDs), pq.Array(types), pq.Array(senders), pq.Array(versions), pq.Array(jsons), pq.Array(snapshots),
 		pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), now, pq.Array(targetIdx), pq.Array(targets), streamChannel, payload)
 	if err != nil {
