@@ -59,14 +59,16 @@ func (s *Store) cachedMembers(snapshot int64) (memberList, bool) {
 }
 
 // writeMessagesQuery writes the messages given column by column in
-// arrays $1-$14 (one element per message, in order; $15 is the time),
+// arrays $1-$15 (one element per message, in order; $16 is the time),
 // each only if its room still has the head it was built on and its
 // client transaction has no event yet; their positions follow one
-// another from one move of the counter, in the order given. $16 and $17
-// list their PDUs' destinations (message index, server), $19 is the
-// stream notification (on channel $18). It returns, for each message
-// whose room it moved, its position, or NULL when its transaction turned
-// out to be taken (by a write committed meanwhile).
+// another from one move of the counter, in the order given. Each
+// replaces its room's one extremity, prev (named by its whole key: see
+// txReplaceExtremities). $17 and $18 list their PDUs' destinations
+// (message index, server), $20 is the stream notification (on channel
+// $19). It returns, for each message whose room it moved, its position,
+// or NULL when its transaction turned out to be taken (by a write
+// committed meanwhile).
 //
 // It runs prepared: planning it took ~0.7 ms of PostgreSQL's CPU, more
 // than half of what running it takes for a batch of four. Arrays, not
@@ -78,8 +80,9 @@ const writeMessagesQuery = `
 WITH u AS (
 	SELECT u.*, x.taken IS NOT NULL AS taken
 	FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::text[],
-		$10::text[], $11::bigint[], $12::text[], $13::text[], $14::text[])
-		AS u(i, room_id, head, new_head, depth, event_id, event_type, sender, room_version, event_json, snapshot, txn_user, txn_device, txn_path)
+		$10::text[], $11::bigint[], $12::text[], $13::text[], $14::text[], $15::text[])
+		AS u(i, room_id, head, new_head, depth, event_id, event_type, sender, room_version, event_json, snapshot, txn_user, txn_device, txn_path,
+			prev)
 	LEFT JOIN LATERAL (SELECT 1 AS taken FROM room_txns t
 		WHERE t.user_id = u.txn_user AND t.device_id = u.txn_device AND t.txn_path = u.txn_path LIMIT 1) x ON true
 ),
@@ -90,7 +93,7 @@ r AS (
 ),
 t AS (
 	INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts)
-	SELECT u.txn_user, u.txn_device, u.txn_path, u.event_id, $15 FROM u JOIN r USING (i) WHERE u.txn_user IS NOT NULL
+	SELECT u.txn_user, u.txn_device, u.txn_path, u.event_id, $16 FROM u JOIN r USING (i) WHERE u.txn_user IS NOT NULL
 	ON CONFLICT DO NOTHING
 	RETURNING user_id, device_id, txn_path
 ),
@@ -111,16 +114,17 @@ e AS (
 	RETURNING event_nid, event_id
 ),
 x AS (
-	UPDATE room_extremities SET event_id = u.event_id FROM u JOIN placed USING (i) WHERE room_extremities.room_id = u.room_id
+	UPDATE room_extremities SET event_id = u.event_id FROM u JOIN placed USING (i)
+	WHERE room_extremities.room_id = u.room_id AND room_extremities.event_id = u.prev
 ),
 q AS (
 	INSERT INTO outbound_pdus (destination, event_nid)
 	SELECT d.destination, e.event_nid
-	FROM unnest($16::int[], $17::text[]) AS d(i, destination) JOIN u USING (i) JOIN e ON e.event_id = u.event_id
+	FROM unnest($17::int[], $18::text[]) AS d(i, destination) JOIN u USING (i) JOIN e ON e.event_id = u.event_id
 	ORDER BY d.i, d.destination
 	ON CONFLICT DO NOTHING
 ),
-notified AS (SELECT pg_notify($18, $19) FROM n WHERE n.n > 0)
+notified AS (SELECT pg_notify($19, $20) FROM n WHERE n.n > 0)
 SELECT r.i, placed.pos, (SELECT COUNT(*) FROM notified) FROM r LEFT JOIN placed USING (i)`
 
 // writeMessages writes a batch of plain messages (pendingWrite.message),
@@ -138,6 +142,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 		roomIDs, evIDs, types, senders, versions []string
 		jsons, targets                           []string
 		heads, newHeads, depths, snapshots       []int64
+		prevs                                    []string
 		txnUsers, txnDevices, txnPaths           []sql.NullString
 		concerned                                []string
 		now                                      int64
@@ -153,6 +158,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 			user, device, path = sql.NullString{String: t.UserID, Valid: true}, sql.NullString{String: t.DeviceID, Valid: true}, sql.NullString{String: t.Path, Valid: true}
 		}
 		txnUsers, txnDevices, txnPaths = append(txnUsers, user), append(txnDevices, device), append(txnPaths, path)
+		prevs = append(prevs, m.Extremities[0])
 		if m.Federate {
 			for _, d := range s.pduDestinations(w.members.all, nil) {
 				targetIdx, targets = append(targetIdx, int64(i)), append(targets, d)
@@ -174,7 +180,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 	// PostgreSQL only: s.q runs on s.wdb, prepared.
 	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(idx), pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads),
 		pq.Array(depths), pq.Array(evIDs), pq.Array(types), pq.Array(senders), pq.Array(versions), pq.Array(jsons), pq.Array(snapshots),
-		pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), now, pq.Array(targetIdx), pq.Array(targets), streamChannel, payload)
+		pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), pq.Array(prevs), now, pq.Array(targetIdx), pq.Array(targets), streamChannel, payload)
 	if err != nil {
 		fail(err)
 		return

@@ -128,7 +128,11 @@ func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage
 			}
 		}
 		res.Head, res.StateSnapshot = head, snapshot
-		if err := s.txReplaceExtremities(ctx, tx, w.RoomID, w.Create == nil && len(w.Extremities) == 1, w.Events); err != nil {
+		var had []string // the room's extremities, checked above
+		if w.Create == nil {
+			had = w.Extremities
+		}
+		if err := s.txReplaceExtremities(ctx, tx, w.RoomID, had, w.Events); err != nil {
 			return err
 		}
 		// The room's local members see the events in /sync.
@@ -185,14 +189,18 @@ func sameSet(a, b []string) bool {
 }
 
 // txReplaceExtremities makes the last of events the room's one forward
-// extremity; one when the room had exactly one is replaced in place.
-func (s *Store) txReplaceExtremities(ctx context.Context, tx *txn, roomID string, hadOne bool, events []storage.RoomEvent) error {
+// extremity, in place of was (the room's). One the room had alone is
+// replaced in place, named by its whole key: on PostgreSQL every
+// replacement leaves a dead index entry under the room's ID until
+// vacuum, and a lookup by the room's ID alone visits all of them (a busy
+// room's messages made it read hundreds).
+func (s *Store) txReplaceExtremities(ctx context.Context, tx *txn, roomID string, was []string, events []storage.RoomEvent) error {
 	if len(events) == 0 {
 		return nil
 	}
 	last := events[len(events)-1].EventID
-	if hadOne {
-		_, err := tx.ExecContext(ctx, `UPDATE room_extremities SET event_id = $1 WHERE room_id = $2`, last, roomID)
+	if len(was) == 1 {
+		_, err := tx.ExecContext(ctx, `UPDATE room_extremities SET event_id = $1 WHERE room_id = $2 AND event_id = $3`, last, roomID, was[0])
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM room_extremities WHERE room_id = $1`, roomID); err != nil {
