@@ -21,6 +21,11 @@ type migration struct {
 	sql     string
 }
 
+// postgresSteps are the parts of migrations that PostgreSQL alone runs,
+// after the step's shared SQL, each as one statement (it may hold
+// semicolons: a function's body).
+var postgresSteps = map[int]string{20: writeRoomMessagesFunction}
+
 var migrations = []migration{
 	{1, "accounts, devices, keys, device-list stream, memberships", `
 CREATE TABLE accounts (
@@ -545,6 +550,7 @@ ALTER TABLE rooms ADD COLUMN head {{BIGINT}} NOT NULL DEFAULT 0;
 -- the index on the position alone only cost every event's write a page
 DROP INDEX room_events_pos;
 `},
+	{20, "PostgreSQL: room messages written by a function (postgresSteps)", ``},
 }
 
 // SchemaVersion is the newest schema version this program knows.
@@ -607,7 +613,11 @@ func (s *Store) apply(ctx context.Context, conn *sql.Conn, m migration) error {
 	for k, v := range s.d.schema {
 		ddl = strings.ReplaceAll(ddl, k, v)
 	}
-	for _, stmt := range splitStatements(ddl) {
+	stmts := splitStatements(ddl)
+	if step, ok := postgresSteps[m.version]; ok && s.d.name == "postgres" {
+		stmts = append(stmts, step)
+	}
+	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("%w in: %s", err, stmt)
 		}
@@ -636,3 +646,83 @@ func splitStatements(sqlText string) []string {
 	}
 	return out
 }
+
+// write_room_messages writes a batch of room messages in one call, in
+// order (see writeMessages): each only if its room still has the head it
+// was built on (a later message of the same room names the head an
+// earlier one leaves) and its client transaction has no event yet. It
+// returns, for each message (msg: its index from 0), outcome 0 and its
+// stream position when written, 1 when its room did not have its head
+// (or is unknown), 2 when its transaction was taken. A message whose
+// transaction is found taken before its room is moved leaves the room
+// as it is; one whose transaction is taken meanwhile (by a write that
+// commits while this one runs) gives the room its spare head instead. Either
+// way the messages built on it fail too. The stream's counter is locked
+// after the rooms and transactions, as every room write does. A room's
+// extremity is replaced by its whole key (see txReplaceExtremities).
+const writeRoomMessagesFunction = `
+CREATE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[], spare_heads BIGINT[],
+	depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
+	snapshots BIGINT[], prevs TEXT[], txn_users TEXT[], txn_devices TEXT[], txn_paths TEXT[], now_ms BIGINT,
+	target_idx INT[], targets TEXT[], channel TEXT, payload TEXT)
+RETURNS TABLE (msg INT, outcome INT, at_pos BIGINT)
+LANGUAGE plpgsql AS $$
+DECLARE
+	n INT := COALESCE(array_length(room_ids, 1), 0);
+	moved BOOLEAN[] := array_fill(false, ARRAY[n]);
+	written INT := 0;
+	v_pos BIGINT;
+	v_nid BIGINT;
+BEGIN
+	FOR k IN 1..n LOOP
+		IF txn_users[k] IS NOT NULL AND EXISTS (SELECT 1 FROM room_txns
+				WHERE user_id = txn_users[k] AND device_id = txn_devices[k] AND txn_path = txn_paths[k]) THEN
+			msg := k - 1; outcome := 2; at_pos := NULL;
+			RETURN NEXT;
+			CONTINUE;
+		END IF;
+		UPDATE rooms SET head = new_heads[k], depth = GREATEST(depth, depths[k])
+			WHERE room_id = room_ids[k] AND head = heads[k];
+		IF NOT FOUND THEN
+			msg := k - 1; outcome := 1; at_pos := NULL;
+			RETURN NEXT;
+			CONTINUE;
+		END IF;
+		IF txn_users[k] IS NOT NULL THEN
+			INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts)
+				VALUES (txn_users[k], txn_devices[k], txn_paths[k], event_ids[k], now_ms)
+				ON CONFLICT DO NOTHING;
+			IF NOT FOUND THEN
+				UPDATE rooms SET head = spare_heads[k] WHERE room_id = room_ids[k];
+				msg := k - 1; outcome := 2; at_pos := NULL;
+				RETURN NEXT;
+				CONTINUE;
+			END IF;
+		END IF;
+		moved[k] := true;
+		written := written + 1;
+	END LOOP;
+	IF written = 0 THEN
+		RETURN;
+	END IF;
+	UPDATE stream_position SET pos = pos + written WHERE id = 1 RETURNING pos - written INTO v_pos;
+	FOR k IN 1..n LOOP
+		CONTINUE WHEN NOT moved[k];
+		v_pos := v_pos + 1;
+		INSERT INTO room_events (event_id, room_id, event_type, sender, depth, room_version, event_json, state_before, state_after, pos)
+			VALUES (event_ids[k], room_ids[k], event_types[k], senders[k], depths[k], room_versions[k], event_jsons[k],
+				snapshots[k], snapshots[k], v_pos)
+			RETURNING event_nid INTO v_nid;
+		UPDATE room_extremities SET event_id = event_ids[k] WHERE room_id = room_ids[k] AND event_id = prevs[k];
+		IF k - 1 = ANY (target_idx) THEN
+			INSERT INTO outbound_pdus (destination, event_nid)
+				SELECT d.destination, v_nid FROM unnest(target_idx, targets) AS d(i, destination) WHERE d.i = k - 1
+				ORDER BY d.destination
+				ON CONFLICT DO NOTHING;
+		END IF;
+		msg := k - 1; outcome := 0; at_pos := v_pos;
+		RETURN NEXT;
+	END LOOP;
+	PERFORM pg_notify(channel, payload);
+END
+$$`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -16,11 +17,11 @@ import (
 // On PostgreSQL every write that advances the /sync stream holds the
 // stream's counter from its position to its commit, the log's flush
 // included: such writes are one at a time, server-wide. So the room
-// messages that wait together are written together, by one statement
-// (writeMessages): one flush, one hold of the counter, one round trip
-// for all of them, the way SQLite's write queue shares a commit. Only
-// plain messages go this way (isPlainMessage): everything else is
-// written by WriteRoomEvents. The statement does for each message what
+// messages that wait together are written together, by one call of a
+// function (writeMessages): one flush, one hold of the counter, one round
+// trip for all of them, the way SQLite's write queue shares a commit.
+// Only plain messages go this way (isPlainMessage): everything else is
+// written by WriteRoomEvents. The function does for each message what
 // WriteRoomEvents does for one: the compare of the room's head, the
 // transaction ID, the event with its stream position, the extremity, the
 // PDUs queued for the room's servers, and the notification of the
@@ -34,13 +35,9 @@ func isPlainMessage(w storage.RoomWrite) bool {
 		len(w.Redactions) == 0 && w.Alias == "" && len(w.Extremities) == 1
 }
 
-// writeMessage writes a plain message with those waiting (PostgreSQL),
-// or, when its room's members are not at hand, by WriteRoomEvents.
-func (s *Store) writeMessage(ctx context.Context, w storage.RoomWrite) (_ storage.RoomWriteResult, err error) {
-	members, ok := s.cachedMembers(w.StateSnapshot)
-	if !ok {
-		return s.WriteRoomEvents(ctx, w)
-	}
+// writeMessage writes a plain message, whose room's members are at
+// hand, with those waiting (PostgreSQL).
+func (s *Store) writeMessage(ctx context.Context, w storage.RoomWrite, members memberList) (_ storage.RoomWriteResult, err error) {
 	defer named("WriteRoomEvents", &err)
 	p := &pendingWrite{ctx: ctx, message: &w, members: members}
 	if _, err := s.messages.write(p); err != nil {
@@ -58,107 +55,45 @@ func (s *Store) cachedMembers(snapshot int64) (memberList, bool) {
 	return l, ok
 }
 
-// writeMessagesQuery writes the messages given column by column in
-// arrays $1-$15 (one element per message, in order; $16 is the time),
-// each only if its room still has the head it was built on and its
-// client transaction has no event yet; their positions follow one
-// another from one move of the counter, in the order given. Each
-// replaces its room's one extremity, prev (named by its whole key: see
-// txReplaceExtremities). $17 and $18 list their PDUs' destinations
-// (message index, server), $20 is the stream notification (on channel
-// $19). It returns, for each message whose room it moved, its position,
-// or NULL when its transaction turned out to be taken (by a write
-// committed meanwhile).
-//
-// It runs prepared: planning it took ~0.7 ms of PostgreSQL's CPU, more
-// than half of what running it takes for a batch of four. Arrays, not
-// JSON: PostgreSQL's generic plan for it estimates each unnest at a few
-// rows and so looks each room, extremity and transaction up by its index
-// (checked against tables of 100,000 rooms and 300,000 transactions);
-// with JSON it estimated many more and read whole tables.
-const writeMessagesQuery = `
-WITH u AS (
-	SELECT u.*, x.taken IS NOT NULL AS taken
-	FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::text[], $9::text[],
-		$10::text[], $11::bigint[], $12::text[], $13::text[], $14::text[], $15::text[])
-		AS u(i, room_id, head, new_head, depth, event_id, event_type, sender, room_version, event_json, snapshot, txn_user, txn_device, txn_path,
-			prev)
-	LEFT JOIN LATERAL (SELECT 1 AS taken FROM room_txns t
-		WHERE t.user_id = u.txn_user AND t.device_id = u.txn_device AND t.txn_path = u.txn_path LIMIT 1) x ON true
-),
-r AS (
-	UPDATE rooms SET head = u.new_head, depth = GREATEST(rooms.depth, u.depth)
-	FROM u WHERE rooms.room_id = u.room_id AND rooms.head = u.head AND NOT u.taken
-	RETURNING u.i
-),
-t AS (
-	INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts)
-	SELECT u.txn_user, u.txn_device, u.txn_path, u.event_id, $16 FROM u JOIN r USING (i) WHERE u.txn_user IS NOT NULL
-	ON CONFLICT DO NOTHING
-	RETURNING user_id, device_id, txn_path
-),
-ok AS (
-	SELECT u.i FROM u JOIN r USING (i) WHERE u.txn_user IS NULL
-	UNION ALL
-	SELECT u.i FROM u JOIN t ON t.user_id = u.txn_user AND t.device_id = u.txn_device AND t.txn_path = u.txn_path
-),
-n AS (SELECT COUNT(*) AS n FROM ok),
-p AS (UPDATE stream_position SET pos = pos + (SELECT n FROM n) WHERE id = 1 RETURNING pos),
-placed AS (
-	SELECT ok.i, (SELECT pos FROM p) - (SELECT n FROM n) + ROW_NUMBER() OVER (ORDER BY ok.i) AS pos FROM ok
-),
-e AS (
-	INSERT INTO room_events (event_id, room_id, event_type, sender, depth, room_version, event_json, state_before, state_after, pos)
-	SELECT u.event_id, u.room_id, u.event_type, u.sender, u.depth, u.room_version, u.event_json, u.snapshot, u.snapshot, placed.pos
-	FROM u JOIN placed USING (i) ORDER BY placed.pos
-	RETURNING event_nid, event_id
-),
-x AS (
-	UPDATE room_extremities SET event_id = u.event_id FROM u JOIN placed USING (i)
-	WHERE room_extremities.room_id = u.room_id AND room_extremities.event_id = u.prev
-),
-q AS (
-	INSERT INTO outbound_pdus (destination, event_nid)
-	SELECT d.destination, e.event_nid
-	FROM unnest($17::int[], $18::text[]) AS d(i, destination) JOIN u USING (i) JOIN e ON e.event_id = u.event_id
-	ORDER BY d.i, d.destination
-	ON CONFLICT DO NOTHING
-),
-notified AS (SELECT pg_notify($19, $20) FROM n WHERE n.n > 0)
-SELECT r.i, placed.pos, (SELECT COUNT(*) FROM notified) FROM r LEFT JOIN placed USING (i)`
+// writeMessagesQuery calls write_room_messages (migrations.go) with the
+// batch given column by column, one array element per message, in order.
+// A function rather than one statement of common table expressions: its
+// statements run one message after the other, so that a message can
+// follow another of its room in the same batch (the second compares the
+// head the first left), and PostgreSQL keeps their plans.
+const writeMessagesQuery = `SELECT msg, outcome, at_pos FROM write_room_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+	$11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`
 
-// writeMessages writes a batch of plain messages (pendingWrite.message),
-// of distinct rooms, in one statement.
+// writeMessages writes a batch of plain messages (pendingWrite.message)
+// in one call; those of one room are in the order they were built.
 func (s *Store) writeMessages(batch []*pendingWrite) {
 	ctx := context.Background() // each write's own context is not for the others
 	live := liveWrites(batch)
 	if len(live) == 0 {
 		return
 	}
-	// The statement's arrays, a column each; txn_* are NULL for a
+	// The function's arrays, a column each; txn_* are NULL for a
 	// message without a client transaction.
 	var (
-		idx, targetIdx                           []int64
-		roomIDs, evIDs, types, senders, versions []string
-		jsons, targets                           []string
-		heads, newHeads, depths, snapshots       []int64
-		prevs                                    []string
-		txnUsers, txnDevices, txnPaths           []sql.NullString
-		concerned                                []string
-		now                                      int64
+		roomIDs, evIDs, types, senders, versions, prevs []string
+		jsons, targets                                  []string
+		heads, newHeads, spareHeads, depths, snapshots  []int64
+		targetIdx                                       []int64
+		txnUsers, txnDevices, txnPaths                  []sql.NullString
+		concerned                                       []string
+		now                                             int64
 	)
 	for i, w := range live {
 		m, ev := w.message, w.message.Events[0]
-		idx = append(idx, int64(i))
 		roomIDs, evIDs, types = append(roomIDs, m.RoomID), append(evIDs, ev.EventID), append(types, ev.Type)
 		senders, versions, jsons = append(senders, ev.Sender), append(versions, ev.RoomVersion), append(jsons, string(ev.JSON))
-		heads, newHeads, depths, snapshots = append(heads, m.Head), append(newHeads, m.NewHead), append(depths, ev.Depth), append(snapshots, m.StateSnapshot)
+		heads, newHeads, spareHeads = append(heads, m.Head), append(newHeads, m.NewHead), append(spareHeads, storage.NewRoomHead())
+		depths, snapshots, prevs = append(depths, ev.Depth), append(snapshots, m.StateSnapshot), append(prevs, m.Extremities[0])
 		var user, device, path sql.NullString
 		if t := m.Txn; t != nil {
 			user, device, path = sql.NullString{String: t.UserID, Valid: true}, sql.NullString{String: t.DeviceID, Valid: true}, sql.NullString{String: t.Path, Valid: true}
 		}
 		txnUsers, txnDevices, txnPaths = append(txnUsers, user), append(txnDevices, device), append(txnPaths, path)
-		prevs = append(prevs, m.Extremities[0])
 		if m.Federate {
 			for _, d := range s.pduDestinations(w.members.all, nil) {
 				targetIdx, targets = append(targetIdx, int64(i)), append(targets, d)
@@ -178,28 +113,32 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 		}
 	}
 	// PostgreSQL only: s.q runs on s.wdb, prepared.
-	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(idx), pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads),
+	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads), pq.Array(spareHeads),
 		pq.Array(depths), pq.Array(evIDs), pq.Array(types), pq.Array(senders), pq.Array(versions), pq.Array(jsons), pq.Array(snapshots),
-		pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), pq.Array(prevs), now, pq.Array(targetIdx), pq.Array(targets), streamChannel, payload)
+		pq.Array(prevs), pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), now, pq.Array(targetIdx), pq.Array(targets),
+		streamChannel, payload)
 	if err != nil {
 		fail(err)
 		return
 	}
 	defer rows.Close()
-	moved := make([]bool, len(live))
+	outcomes := make([]int, len(live))
+	for i := range outcomes {
+		outcomes[i] = -1
+	}
 	positions := make([]storage.StreamPos, len(live))
 	for rows.Next() {
-		var i int
-		var pos *int64
-		var notified int // read so that the notification is sent: a CTE without changes runs only when read
-		if err := rows.Scan(&i, &pos, &notified); err != nil {
+		var i, outcome int
+		var pos sql.NullInt64
+		if err := rows.Scan(&i, &outcome, &pos); err != nil {
 			fail(err)
 			return
 		}
-		moved[i] = true
-		if pos != nil {
-			positions[i] = storage.StreamPos(*pos)
+		if i < 0 || i >= len(live) {
+			fail(fmt.Errorf("write_room_messages answered for message %d of %d", i, len(live)))
+			return
 		}
+		outcomes[i], positions[i] = outcome, storage.StreamPos(pos.Int64)
 	}
 	if err := rows.Err(); err != nil {
 		fail(err)
@@ -207,22 +146,14 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 	}
 	for i, w := range live {
 		m := w.message
-		switch {
-		case positions[i] != 0:
+		switch outcomes[i] {
+		case 0:
 			hasTargets := slices.Contains(targetIdx, int64(i))
 			w.roomResult = storage.RoomWriteResult{Change: storage.Change{Pos: positions[i], Users: w.members.local},
 				PDUsQueued: hasTargets, Head: m.NewHead, StateSnapshot: m.StateSnapshot}
 			w.change = w.roomResult.Change
-		case moved[i]:
-			// The room took the new head but not the event: the
-			// transaction was taken meanwhile. The head moves on again,
-			// so that writes built on this one fail too.
+		case 2:
 			w.err = storage.ErrTxnDone
-			s.wstmts.sent.Add(1)
-			if _, err := s.wdb.ExecContext(ctx, `UPDATE rooms SET head = $1 WHERE room_id = $2 AND head = $3`,
-				storage.NewRoomHead(), m.RoomID, m.NewHead); err != nil {
-				w.err = errors.Join(w.err, err)
-			}
 		default:
 			w.err = s.whyNotWritten(ctx, m)
 		}

@@ -40,6 +40,7 @@ func TestRoomWritesStartedInOrder(t *testing.T) {
 		waits := make([]func() (storage.RoomWriteResult, error), n)
 		head, prev := room.Head, room.Extremities
 		var ids []string
+		batches := s.MessageBatches()
 		for i := range n {
 			id := "$m" + string(rune('a'+i))
 			ids = append(ids, id)
@@ -61,6 +62,11 @@ func TestRoomWritesStartedInOrder(t *testing.T) {
 		}
 		if !slices.IsSorted(positions) || positions[0] == positions[n-1] {
 			t.Fatalf("positions %v: not in the order started", positions)
+		}
+		// On PostgreSQL the chain, all started before the first was
+		// waited for, is written by one batch.
+		if got := s.MessageBatches() - batches; db.Name == "postgres" && got != 1 {
+			t.Fatalf("the chain of %d messages took %d message batches, want 1", n, got)
 		}
 		after, err := s.Room(ctx, "!r:x")
 		if err != nil || after.Head != head || !slices.Equal(after.Extremities, prev) || after.Depth != 2+n {
@@ -128,4 +134,87 @@ func TestRoomWritesStartedInOrder(t *testing.T) {
 			t.Fatalf("a write to an unknown room: %v", err)
 		}
 	})
+}
+
+// On PostgreSQL a message whose client transaction another write takes
+// while the message's batch runs (inserted before, committed after the
+// batch looked) is refused with ErrTxnDone, and the room does not keep the
+// head the message would have left: a message built on it fails too, and
+// the room's extremity stays.
+func TestRoomMessageTxnTakenMeanwhile(t *testing.T) {
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	s := open(t, db)
+	empty, a := "", "@a:x"
+	if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+		RoomID: "!r:x", Events: []storage.RoomEvent{
+			roomEvent("$create", "m.room.create", &empty, "", 1),
+			roomEvent("$join", "m.room.member", &a, "join", 2),
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	room, err := s.Room(ctx, "!r:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A first message makes the room's members known to the batches.
+	if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: room.Extremities, Head: room.Head, NewHead: 10,
+		StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$m0", "m.room.message", nil, "", 3)}})(); err != nil {
+		t.Fatal(err)
+	}
+	batches := s.MessageBatches()
+
+	// Another writer has the transaction, not yet committed.
+	txn := &storage.RoomTxn{UserID: a, DeviceID: "D", Path: "p"}
+	other, err := s.WriteDB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback() //nolint:errcheck
+	if _, err := other.ExecContext(ctx, `INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts) VALUES ($1, $2, $3, $4, 0)`,
+		txn.UserID, txn.DeviceID, txn.Path, "$elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+	taken := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$m0"}, Head: 10, NewHead: 11, Txn: txn,
+		StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$taken", "m.room.message", nil, "", 4)}})
+	onTaken := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$taken"}, Head: 11, NewHead: 12,
+		StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$ontaken", "m.room.message", nil, "", 5)}})
+	errs := make(chan error, 2)
+	go func() {
+		_, err := taken()
+		errs <- err
+		_, err = onTaken()
+		errs <- err
+	}()
+	// The batch waits for the other writer's transaction.
+	testutil.Eventually(t, "the batch to wait for the other transaction", func() bool {
+		var n int
+		err := s.WriteDB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%write_room_messages%'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := other.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; !errors.Is(err, storage.ErrTxnDone) {
+		t.Fatalf("a message whose transaction was taken meanwhile: %v", err)
+	}
+	if err := <-errs; !errors.Is(err, storage.ErrRoomMoved) {
+		t.Fatalf("a message built on it: %v", err)
+	}
+	if got := s.MessageBatches() - batches; got != 1 {
+		t.Fatalf("the two messages took %d batches, want 1", got)
+	}
+	after, err := s.Room(ctx, "!r:x")
+	if err != nil || after.Head == 11 || after.Head == 12 || !slices.Equal(after.Extremities, []string{"$m0"}) {
+		t.Fatalf("room after the refused messages %+v %v", after, err)
+	}
+	if evs, err := s.RoomEventsByID(ctx, []string{"$taken", "$ontaken"}); err != nil || len(evs) != 0 {
+		t.Fatalf("refused events stored: %v %v", eventIDs(evs), err)
+	}
+	// The room takes a message built on the head it has.
+	if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: after.Extremities, Head: after.Head, NewHead: 13,
+		StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$next", "m.room.message", nil, "", 4)}})(); err != nil {
+		t.Fatal(err)
+	}
 }
