@@ -462,6 +462,9 @@ func (s *Service) sendOnce(ctx context.Context, p *roomPipe, retry bool, roomID,
 		return nil, nil, err // the head is read again (settle)
 	}
 	after.StateSnapshot = res.StateSnapshot
+	if ev.StateKey() != nil {
+		s.states.carry(room.StateSnapshot, res.StateSnapshot, ev)
+	}
 	p.head = &after
 	return ev, &res, nil
 }

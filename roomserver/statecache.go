@@ -13,19 +13,23 @@ import (
 // A snapshot never changes once written, so an entry is never stale,
 // whichever daemon wrote the snapshot (a redaction rewrites an event's
 // JSON, but keeps every key the auth rules read, which is all the cache
-// is used for): a message, whose auth events are
-// the create event, the power levels and its sender's membership, is
-// built without reading the database again while the room's state stays
-// as it is.
+// is used for): a message, whose auth events are the create event, the
+// power levels and its sender's membership, is built without reading the
+// database again while the room's state stays as it is.
+//
+// When this daemon changes a room's state, what was read of the snapshot
+// before is carried over to the new one (carry): otherwise every join
+// would make each member's next message read its membership again, with
+// the room's pipe held.
 type stateCache struct {
-	mu      sync.Mutex
-	entries map[stateCacheKey]gomatrixserverlib.PDU // nil: the key is not in the snapshot
+	mu        sync.Mutex
+	snapshots map[int64]snapshotEntries
+	n         int // entries in all snapshots
 }
 
-type stateCacheKey struct {
-	snapshot         int64
-	evType, stateKey string
-}
+// snapshotEntries are what was read of one snapshot; a nil event: the
+// key is not in the snapshot.
+type snapshotEntries map[storage.StateKey]gomatrixserverlib.PDU
 
 // maxStateCacheEntries bounds the cache; when it is full it starts over.
 const maxStateCacheEntries = 50000
@@ -42,8 +46,9 @@ func (s *Service) snapshotState(ctx context.Context, snapshot int64, keys []stor
 	var out []gomatrixserverlib.PDU
 	var missing []storage.StateKey
 	c.mu.Lock()
+	entries := c.snapshots[snapshot]
 	for _, k := range keys {
-		ev, ok := c.entries[stateCacheKey{snapshot, k.Type, k.StateKey}]
+		ev, ok := entries[k]
 		switch {
 		case !ok:
 			missing = append(missing, k)
@@ -65,14 +70,52 @@ func (s *Service) snapshotState(ctx context.Context, snapshot int64, keys []stor
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.entries == nil || len(c.entries)+len(missing) > maxStateCacheEntries {
-		c.entries = map[stateCacheKey]gomatrixserverlib.PDU{}
-	}
+	entries = c.entries(snapshot, len(missing))
 	for _, k := range missing {
-		c.entries[stateCacheKey{snapshot, k.Type, k.StateKey}] = nil
+		c.put(entries, k, nil)
 	}
 	for _, ev := range found {
-		c.entries[stateCacheKey{snapshot, ev.Type(), *ev.StateKey()}] = ev
+		c.put(entries, storage.StateKey{Type: ev.Type(), StateKey: *ev.StateKey()}, ev)
 	}
 	return append(out, found...), nil
+}
+
+// carry moves what was read of snapshot from to snapshot to, which is
+// from with ev's key set to ev (a state event this daemon wrote). The
+// old snapshot is read again from the database if it is still needed.
+func (c *stateCache) carry(from, to int64, ev gomatrixserverlib.PDU) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old, ok := c.snapshots[from]
+	if !ok || from == to {
+		return
+	}
+	delete(c.snapshots, from)
+	if _, taken := c.snapshots[to]; taken {
+		c.n -= len(old)
+		return
+	}
+	c.snapshots[to] = old
+	c.put(old, storage.StateKey{Type: ev.Type(), StateKey: *ev.StateKey()}, ev)
+}
+
+// entries returns a snapshot's entries, making room for n more; mu held.
+func (c *stateCache) entries(snapshot int64, n int) snapshotEntries {
+	if c.snapshots == nil || c.n+n > maxStateCacheEntries {
+		c.snapshots, c.n = map[int64]snapshotEntries{}, 0
+	}
+	e := c.snapshots[snapshot]
+	if e == nil {
+		e = snapshotEntries{}
+		c.snapshots[snapshot] = e
+	}
+	return e
+}
+
+// put sets an entry; mu held.
+func (c *stateCache) put(e snapshotEntries, k storage.StateKey, ev gomatrixserverlib.PDU) {
+	if _, ok := e[k]; !ok {
+		c.n++
+	}
+	e[k] = ev
 }
