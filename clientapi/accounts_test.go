@@ -224,6 +224,11 @@ func TestHTTPConventions(t *testing.T) {
 				{"DELETE login", "DELETE", acctV3 + "/login", "", nil, 405, "M_UNRECOGNIZED"},
 				{"POST versions", "POST", "/_matrix/client/versions", "", map[string]any{}, 405, "M_UNRECOGNIZED"},
 				{"PUT whoami r0", "PUT", "/_matrix/client/r0/account/whoami", alice.Token, map[string]any{}, 405, "M_UNRECOGNIZED"},
+				// Room paths have a router of their own (splitRouter): the same answers.
+				{"GET send", "GET", acctV3 + "/rooms/!r:x/send/m.room.message/t1", alice.Token, nil, 405, "M_UNRECOGNIZED"},
+				{"POST members r0", "POST", "/_matrix/client/r0/rooms/!r:x/members", alice.Token, map[string]any{}, 405, "M_UNRECOGNIZED"},
+				{"unknown room path", "GET", acctV3 + "/rooms/!r:x/no/such/endpoint", alice.Token, nil, 404, "M_UNRECOGNIZED"},
+				{"rooms without a room", "GET", acctV3 + "/rooms/", alice.Token, nil, 404, "M_UNRECOGNIZED"},
 				{"not JSON", "POST", acctV3 + "/login", "", "this is not json", 400, "M_NOT_JSON"},
 				{"truncated JSON", "POST", acctV3 + "/login", "", `{"type": "m.login.password"`, 400, "M_NOT_JSON"},
 				{"not JSON register", "POST", acctV3 + "/register", "", "{username: alice}", 400, "M_NOT_JSON"},

