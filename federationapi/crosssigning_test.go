@@ -204,7 +204,7 @@ func (f *crossSigningRemote) send(t *testing.T, n *testutil.Node, content map[st
 	f.txn++
 	body := map[string]any{"origin": f.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": []any{},
 		"edus": []any{map[string]any{"edu_type": "m.signing_key_update", "content": content}}}
-	r := testutil.SendTo(t, n, f.SignedRequest(t, "PUT", n.ServerName, fmt.Sprintf("/_matrix/federation/v1/send/x%d", f.txn), body, "", nil))
+	r := testutil.SendTo(t, n, f.SignedRequest(t, "PUT", n.ServerName, f.SendPath(fmt.Sprintf("x%d", f.txn)), body, "", nil))
 	if r.Status != 200 {
 		t.Fatalf("/send: %d %s", r.Status, r.Raw)
 	}

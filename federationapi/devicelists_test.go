@@ -88,7 +88,7 @@ func (f *fakeRemote) send(n *testutil.Node, txnID string, edus ...map[string]any
 		list = append(list, map[string]any{"edu_type": "m.device_list_update", "content": e})
 	}
 	body := map[string]any{"origin": f.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": []any{}, "edus": list}
-	return testutil.SendTo(f.t, n, f.SignedRequest(f.t, "PUT", n.ServerName, "/_matrix/federation/v1/send/"+txnID, body, "", nil))
+	return testutil.SendTo(f.t, n, f.SignedRequest(f.t, "PUT", n.ServerName, f.SendPath(txnID), body, "", nil))
 }
 
 func (f *fakeRemote) nextTxn() string { f.txn++; return fmt.Sprintf("t%d", f.txn) }

@@ -841,7 +841,7 @@ func (p *gmslPeer) send(t testing.TB, n *testutil.Node, pdus ...json.RawMessage)
 	txnID := fmt.Sprintf("peertxn%d", p.txn)
 	p.mu.Unlock()
 	body := map[string]any{"origin": p.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": pdus, "edus": []any{}}
-	r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, "/_matrix/federation/v1/send/"+txnID, body, "", nil))
+	r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, p.SendPath(txnID), body, "", nil))
 	if r.Status != http.StatusOK {
 		t.Fatalf("/send: %d %s", r.Status, r.Raw)
 	}

@@ -186,7 +186,7 @@ func TestIncomingDirectToDevice(t *testing.T) {
 				list = append(list, map[string]any{"edu_type": "m.direct_to_device", "content": e})
 			}
 			body := map[string]any{"origin": origin.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": []any{}, "edus": list}
-			r := testutil.SendTo(t, n, origin.SignedRequest(t, "PUT", n.ServerName, fmt.Sprintf("/_matrix/federation/v1/send/t%d", txn), body, "", nil))
+			r := testutil.SendTo(t, n, origin.SignedRequest(t, "PUT", n.ServerName, origin.SendPath(fmt.Sprintf("t%d", txn)), body, "", nil))
 			if r.Status != 200 {
 				t.Fatalf("send: %d %s", r.Status, r.Raw)
 			}

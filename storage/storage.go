@@ -501,7 +501,8 @@ type Database interface {
 	//
 	// advanced receives the local users the advance concerns, as the write
 	// returned them, or nil when it may concern anyone (a notification
-	// was lost, or it named too many users).
+	// was lost, it named too many users, or the watch has just begun and
+	// what came before it went unheard).
 	WatchStream(ctx context.Context, advanced func(users []string)) error
 	// Ping checks that the database answers (readiness).
 	Ping(ctx context.Context) error

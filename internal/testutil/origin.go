@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -29,12 +30,24 @@ type Origin struct {
 	srv   *httptest.Server
 }
 
+// SendPath is the path of the origin's /send transaction txnID, made
+// unique to this origin: a daemon answers a transaction ID it has seen
+// from a server name with its first answer, and an origin started later
+// on the same port has the same name.
+func (o *Origin) SendPath(txnID string) string {
+	return "/_matrix/federation/v1/send/" + strings.TrimPrefix(string(o.KeyID), "ed25519:") + "-" + txnID
+}
+
 // NewOrigin starts an origin on a loopback TLS listener; its name is its
 // address.
 func NewOrigin(t testing.TB) *Origin {
 	t.Helper()
-	_, priv, _ := ed25519.GenerateKey(rand.Reader)
-	o := &Origin{KeyID: "ed25519:origin1", Key: priv, Mux: http.NewServeMux()}
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	// A key ID of its own: an origin started earlier on the same port
+	// (the same server name) had another key, which a daemon may still
+	// hold for that name and key ID, and would fail this one's signatures.
+	keyID := gomatrixserverlib.KeyID(fmt.Sprintf("ed25519:origin%x", pub[:6]))
+	o := &Origin{KeyID: keyID, Key: priv, Mux: http.NewServeMux()}
 	o.srv = httptest.NewUnstartedServer(o.Mux)
 	o.srv.StartTLS()
 	t.Cleanup(o.srv.Close)

@@ -256,3 +256,30 @@ func TestWatchStreamCarriesTheUsers(t *testing.T) {
 		}
 	}
 }
+
+// A watch wakes everyone once it listens: what changed before it did
+// (while its daemon started, or after a watch that failed) went unheard.
+func TestWatchStreamWakesEveryoneOnceListening(t *testing.T) {
+	db := testutil.Postgres(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watcher := open(t, db)
+	heard := make(chan []string, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = watcher.WatchStream(ctx, func(users []string) { heard <- users })
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case users := <-heard:
+			if users == nil {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the watch never woke everyone")
+		}
+	}
+}

@@ -54,7 +54,7 @@ type Store struct {
 	// batcher writes SQLite's writes, several to a commit (nil on
 	// PostgreSQL, where each write is a transaction of its own).
 	batcher *writeBatcher
-	// messages writes PostgreSQL's room messages, several to a statement
+	// messages writes PostgreSQL's room messages, several to a call
 	// (nil on SQLite; see writeMessages).
 	messages *writeBatcher
 	// roomWrites orders PostgreSQL's room writes started one after the
@@ -408,6 +408,10 @@ func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) 
 		}
 	}
 	set(func() { listening = true })
+	// Changes made before the listening began (the daemon starting, or
+	// this watch following one that failed) went unheard: whoever waits
+	// looks again.
+	advanced(nil)
 	for {
 		select {
 		case <-ctx.Done():
