@@ -10,6 +10,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/sqlstore"
 )
 
 // Every write that advances the stream returns the local users it
@@ -130,16 +131,9 @@ func TestWritesReturnTheUsersTheyConcern(t *testing.T) {
 // name in a notification.
 func TestWatchStreamCarriesTheUsers(t *testing.T) {
 	db := testutil.Postgres(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	writer, watcher := open(t, db), open(t, db)
-	heard := make(chan []string, 1000)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = watcher.WatchStream(ctx, func(users []string) { heard <- users })
-	}()
-	defer func() { cancel(); <-done }()
+	ctx := context.Background()
+	writer := open(t, db)
+	heard := watchStream(t, open(t, db))
 
 	// probe makes an advance and waits until it is heard, so that every
 	// advance before it has been heard too (they come in commit order).
@@ -260,17 +254,7 @@ func TestWatchStreamCarriesTheUsers(t *testing.T) {
 // A watch wakes everyone once it listens: what changed before it did
 // (while its daemon started, or after a watch that failed) went unheard.
 func TestWatchStreamWakesEveryoneOnceListening(t *testing.T) {
-	db := testutil.Postgres(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	watcher := open(t, db)
-	heard := make(chan []string, 100)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = watcher.WatchStream(ctx, func(users []string) { heard <- users })
-	}()
-	defer func() { cancel(); <-done }()
+	heard := watchStream(t, open(t, testutil.Postgres(t)))
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
@@ -282,4 +266,18 @@ func TestWatchStreamWakesEveryoneOnceListening(t *testing.T) {
 			t.Fatal("the watch never woke everyone")
 		}
 	}
+}
+
+// watchStream runs s.WatchStream until the test ends and returns what it
+// hears.
+func watchStream(t *testing.T, s *sqlstore.Store) <-chan []string {
+	ctx, cancel := context.WithCancel(context.Background())
+	heard := make(chan []string, 1000)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.WatchStream(ctx, func(users []string) { heard <- users })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return heard
 }

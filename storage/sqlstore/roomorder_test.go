@@ -8,7 +8,28 @@ import (
 
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/sqlstore"
 )
+
+// createRoomOfA writes room !r:x, created and joined by @a:x, and returns
+// it as read back.
+func createRoomOfA(t *testing.T, s *sqlstore.Store) storage.Room {
+	t.Helper()
+	ctx := context.Background()
+	empty, a := "", "@a:x"
+	if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+		RoomID: "!r:x", Events: []storage.RoomEvent{
+			roomEvent("$create", "m.room.create", &empty, "", 1),
+			roomEvent("$join", "m.room.member", &a, "join", 2),
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	room, err := s.Room(ctx, "!r:x")
+	if err != nil || room.Head == 0 {
+		t.Fatalf("room %+v %v", room, err)
+	}
+	return room
+}
 
 // Room writes started one after the other are made in that order: a
 // write built on one not yet committed (its Head that one's NewHead)
@@ -22,18 +43,8 @@ func TestRoomWritesStartedInOrder(t *testing.T) {
 		if _, err := s.CreateAccount(ctx, "@a:x", "x", nil); err != nil {
 			t.Fatal(err)
 		}
-		empty, a := "", "@a:x"
-		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
-			RoomID: "!r:x", Events: []storage.RoomEvent{
-				roomEvent("$create", "m.room.create", &empty, "", 1),
-				roomEvent("$join", "m.room.member", &a, "join", 2),
-			}}); err != nil {
-			t.Fatal(err)
-		}
-		room, err := s.Room(ctx, "!r:x")
-		if err != nil || room.Head == 0 {
-			t.Fatalf("room %+v %v", room, err)
-		}
+		a := "@a:x"
+		room := createRoomOfA(t, s)
 		// A chain of messages, each started before the one before it is
 		// waited for.
 		const n = 8
@@ -145,18 +156,8 @@ func TestRoomMessageTxnTakenMeanwhile(t *testing.T) {
 	db := testutil.Postgres(t)
 	ctx := context.Background()
 	s := open(t, db)
-	empty, a := "", "@a:x"
-	if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
-		RoomID: "!r:x", Events: []storage.RoomEvent{
-			roomEvent("$create", "m.room.create", &empty, "", 1),
-			roomEvent("$join", "m.room.member", &a, "join", 2),
-		}}); err != nil {
-		t.Fatal(err)
-	}
-	room, err := s.Room(ctx, "!r:x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := "@a:x"
+	room := createRoomOfA(t, s)
 	// A first message makes the room's members known to the batches.
 	if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: room.Extremities, Head: room.Head, NewHead: 10,
 		StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$m0", "m.room.message", nil, "", 3)}})(); err != nil {
