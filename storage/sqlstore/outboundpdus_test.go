@@ -126,6 +126,10 @@ func TestRoomWritesQueuePDUs(t *testing.T) {
 			"two":  {"$m1", "$m2", "$kick", "$m3", "$invite"},
 			"four": {"$m1", "$m2", "$kick", "$m3", "$invite"},
 		})
+		// $m3 went through PostgreSQL's message batches.
+		if db.Name == "postgres" && s.MessageBatches() == 0 {
+			t.Fatal("no message went through PostgreSQL's message batches")
+		}
 
 		// An event received from two is sent on to the others, not back
 		// to two; queueing an event again changes nothing.
