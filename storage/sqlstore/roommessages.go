@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/lib/pq"
 
@@ -80,7 +79,8 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 		heads, newHeads, spareHeads, depths, snapshots  []int64
 		targetIdx                                       []int64
 		txnUsers, txnDevices, txnPaths                  []sql.NullString
-		concerned                                       []string
+		concerned                                       [][]string // the local members of each snapshot
+		seen                                            []roomSnapshot
 		now                                             int64
 	)
 	for i, w := range live {
@@ -99,14 +99,12 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 				targetIdx, targets = append(targetIdx, int64(i)), append(targets, d)
 			}
 		}
-		concerned = append(concerned, w.members.local...)
+		if k := (roomSnapshot{m.RoomID, m.StateSnapshot}); !slices.Contains(seen, k) {
+			seen, concerned = append(seen, k), append(concerned, w.members.local)
+		}
 		now = max(now, m.Now)
 	}
-	slices.Sort(concerned)
-	payload := usersPrefix + strings.Join(slices.Compact(concerned), "\n")
-	if len(payload) > maxNotifyPayload {
-		payload = ""
-	}
+	payload := notifyPayload(concerned...)
 	fail := func(err error) {
 		for _, w := range live {
 			w.err = err
@@ -158,6 +156,13 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 			w.err = s.whyNotWritten(ctx, m)
 		}
 	}
+}
+
+// roomSnapshot is a room's state snapshot: the messages of one in a
+// batch have the same members.
+type roomSnapshot struct {
+	room     string
+	snapshot int64
 }
 
 // whyNotWritten tells why writeMessages left a message out: its

@@ -316,13 +316,53 @@ func (s *Store) notifyStream(ctx context.Context, tx *txn) error {
 	if s.d.name != "postgres" || tx.pos == 0 {
 		return nil
 	}
-	users := tx.change().Users
-	payload := usersPrefix + strings.Join(users, "\n")
-	if len(payload) > maxNotifyPayload {
-		payload = ""
-	}
+	payload := notifyPayload(tx.change().Users)
 	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+streamChannel+`', $1)`, payload)
 	return err
+}
+
+// notifyPayload is the payload of a stream notification that concerns
+// the users of lists: each user once, if they fit, else everyone. One
+// list is taken as it is; several must be sorted and each without
+// repeats (as memberList.local is), and are merged.
+func notifyPayload(lists ...[]string) string {
+	var users []string
+	for i, l := range lists {
+		if i == 0 {
+			users = l
+		} else {
+			users = mergeSorted(users, l)
+		}
+		if len(usersPrefix)+joinedLen(users) > maxNotifyPayload {
+			return ""
+		}
+	}
+	return usersPrefix + strings.Join(users, "\n")
+}
+
+// mergeSorted merges two sorted lists, each without repeats, into one.
+func mergeSorted(a, b []string) []string {
+	out := make([]string, 0, max(len(a), len(b)))
+	for len(a) > 0 && len(b) > 0 {
+		switch {
+		case a[0] < b[0]:
+			out, a = append(out, a[0]), a[1:]
+		case b[0] < a[0]:
+			out, b = append(out, b[0]), b[1:]
+		default:
+			out, a, b = append(out, a[0]), a[1:], b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
+}
+
+// joinedLen is the length of l's strings joined by one byte.
+func joinedLen(l []string) int {
+	n := max(len(l)-1, 0)
+	for _, s := range l {
+		n += len(s)
+	}
+	return n
 }
 
 // notifyEarly sends tx's stream notification before it takes its stream
