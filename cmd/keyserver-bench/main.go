@@ -755,13 +755,15 @@ func printCPU(out io.Writer, results []phaseResult, daemons int) {
 }
 
 // phase runs op from every client for the phase's duration, printing a
-// progress line each second.
+// progress line each second. A request under way when the time is up is
+// let finish, and counted: the next phase starts on an idle daemon, not
+// beside this one's last requests.
 func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (phaseResult, error) {
 	cpuBefore, err := b.cpu.read()
 	if err != nil {
 		return phaseResult{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.o.duration)
+	timeUp, cancel := context.WithTimeout(ctx, b.o.duration)
 	defer cancel()
 	var done, failed, empty atomic.Int64
 	lat := make([][]time.Duration, b.o.clients)
@@ -773,11 +775,11 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 		go func() {
 			defer wg.Done()
 			cl := &client{rng: mrand.New(mrand.NewPCG(b.o.seed, uint64(c)+uint64(len(name))<<32)), url: b.o.urls[c%len(b.o.urls)]}
-			for ctx.Err() == nil {
+			for timeUp.Err() == nil {
 				t := time.Now()
 				err := op(ctx, cl)
 				if ctx.Err() != nil {
-					return // cut off by the end of the phase: not counted
+					return // the run was stopped
 				}
 				if errors.Is(err, errEmptyClaim) {
 					empty.Add(1)
@@ -797,7 +799,7 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 	go func() {
 		for {
 			select {
-			case <-ctx.Done():
+			case <-timeUp.Done():
 				return
 			case <-tick.C:
 				el := time.Since(start).Seconds()
