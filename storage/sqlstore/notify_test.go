@@ -21,6 +21,7 @@ func TestNotifyPayload(t *testing.T) {
 	}{
 		{"nobody", nil, "u:"},
 		{"one list, as it is", [][]string{{"@b:x", "@a:x"}}, "u:@b:x\n@a:x"},
+		{"a user in every list", [][]string{{"@a:x", "@c:x"}, {"@b:x", "@c:x"}, {"@c:x", "@d:x"}}, "u:@a:x\n@b:x\n@c:x\n@d:x"},
 		{"lists merged, each user once", [][]string{{"@a:x", "@b:x"}, {"@a:x", "@c:x"}, {"@0:x", "@b:x", "@d:x"}}, "u:@0:x\n@a:x\n@b:x\n@c:x\n@d:x"},
 		// 7,900 bytes at most: "u:", 788 users of 9 bytes and one of 18,
 		// 788 separators.

@@ -19,12 +19,16 @@ type roomMember struct {
 type memberList struct {
 	all   []roomMember
 	local []string
+	// servers are the other servers with a joined member, sorted: where
+	// a message of the room goes (pduDestinations), worked out once per
+	// list rather than once per message.
+	servers []string
 }
 
 // newMemberList makes a memberList of the server's members.
 func (s *Store) newMemberList(all []roomMember) memberList {
 	suffix := ":" + s.serverName
-	l := memberList{all: all, local: []string{}}
+	l := memberList{all: all, local: []string{}, servers: s.pduDestinations(all, nil)}
 	for _, m := range all {
 		if strings.HasSuffix(m.userID, suffix) {
 			l.local = append(l.local, m.userID)

@@ -95,7 +95,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 		}
 		txnUsers, txnDevices, txnPaths = append(txnUsers, user), append(txnDevices, device), append(txnPaths, path)
 		if m.Federate {
-			for _, d := range s.pduDestinations(w.members.all, nil) {
+			for _, d := range w.members.servers {
 				targetIdx, targets = append(targetIdx, int64(i)), append(targets, d)
 			}
 		}

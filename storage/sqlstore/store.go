@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -326,34 +327,53 @@ func (s *Store) notifyStream(ctx context.Context, tx *txn) error {
 // list is taken as it is; several must be sorted and each without
 // repeats (as memberList.local is), and are merged.
 func notifyPayload(lists ...[]string) string {
-	var users []string
-	for i, l := range lists {
-		if i == 0 {
-			users = l
-		} else {
-			users = mergeSorted(users, l)
+	if len(lists) == 1 {
+		if len(usersPrefix)+joinedLen(lists[0]) > maxNotifyPayload {
+			return ""
 		}
-		if len(usersPrefix)+joinedLen(users) > maxNotifyPayload {
+		return usersPrefix + strings.Join(lists[0], "\n")
+	}
+	// Merged, the lists are no shorter than the longest of them and no
+	// longer than all of them together.
+	longest, total := 0, 0
+	for _, l := range lists {
+		n := joinedLen(l)
+		longest, total = max(longest, n), total+n+1
+	}
+	if len(usersPrefix)+longest > maxNotifyPayload {
+		return ""
+	}
+	var b strings.Builder
+	b.Grow(min(len(usersPrefix)+total, maxNotifyPayload+1))
+	b.WriteString(usersPrefix)
+	// A merge of all the lists at once, into the payload: the smallest
+	// head is written, and every list it heads moves past it (a user in
+	// several lists heads each of them at the same time).
+	heads := slices.Clone(lists)
+	for first := true; ; first = false {
+		var user string
+		found := false
+		for _, l := range heads {
+			if len(l) > 0 && (!found || l[0] < user) {
+				user, found = l[0], true
+			}
+		}
+		if !found {
+			return b.String()
+		}
+		for i, l := range heads {
+			if len(l) > 0 && l[0] == user {
+				heads[i] = l[1:]
+			}
+		}
+		if !first {
+			b.WriteByte('\n')
+		}
+		b.WriteString(user)
+		if b.Len() > maxNotifyPayload {
 			return ""
 		}
 	}
-	return usersPrefix + strings.Join(users, "\n")
-}
-
-// mergeSorted merges two sorted lists, each without repeats, into one.
-func mergeSorted(a, b []string) []string {
-	out := make([]string, 0, max(len(a), len(b)))
-	for len(a) > 0 && len(b) > 0 {
-		switch {
-		case a[0] < b[0]:
-			out, a = append(out, a[0]), a[1:]
-		case b[0] < a[0]:
-			out, b = append(out, b[0]), b[1:]
-		default:
-			out, a, b = append(out, a[0]), a[1:], b[1:]
-		}
-	}
-	return append(append(out, a...), b...)
 }
 
 // joinedLen is the length of l's strings joined by one byte.
