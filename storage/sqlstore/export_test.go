@@ -36,7 +36,7 @@ func (s *Store) QueueRoomPDUs(ctx context.Context, roomID string, events []stora
 		if err != nil {
 			return err
 		}
-		queued, err = s.txQueueRoomPDUs(ctx, tx, members.all, events, skip)
+		queued, err = s.txQueueRoomPDUs(ctx, tx, members, events, skip)
 		return err
 	})
 	return queued, err

@@ -30,11 +30,11 @@ import (
 // event already queued for a destination is not queued twice. It reports
 // whether anything was queued: the caller pokes the sender after the
 // commit (storage.RoomWriteResult.PDUsQueued).
-func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members []roomMember, events []storage.RoomEvent, skip []string) (bool, error) {
+func (s *Store) txQueueRoomPDUs(ctx context.Context, tx *txn, members memberList, events []storage.RoomEvent, skip []string) (bool, error) {
 	if len(events) == 0 {
 		return false, nil
 	}
-	joined := s.pduDestinations(members, skip)
+	joined := slices.DeleteFunc(slices.Clone(members.servers), func(server string) bool { return slices.Contains(skip, server) })
 	queued := false
 	for _, ev := range events {
 		dests := slices.Clone(joined)

@@ -92,7 +92,7 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 			return err
 		}
 		if ev := in.Event; in.Federate && ev != nil && !ev.Rejected && !ev.SoftFailed {
-			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, members.all, []storage.RoomEvent{*ev}, in.SkipServers); err != nil {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, members, []storage.RoomEvent{*ev}, in.SkipServers); err != nil {
 				return err
 			}
 		}

@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/keyserver/keyserver/internal/matrixid"
+	"github.com/keyserver/keyserver/storage"
 )
 
 // roomMember is a user joined to or invited into a room.
@@ -20,22 +23,27 @@ type memberList struct {
 	all   []roomMember
 	local []string
 	// servers are the other servers with a joined member, sorted: where
-	// a message of the room goes (pduDestinations), worked out once per
-	// list rather than once per message.
+	// the room's events go (txQueueRoomPDUs, writeMessages), worked out
+	// once per list rather than once per event.
 	servers []string
 }
 
 // newMemberList makes a memberList of the server's members.
 func (s *Store) newMemberList(all []roomMember) memberList {
 	suffix := ":" + s.serverName
-	l := memberList{all: all, local: []string{}, servers: s.pduDestinations(all, nil)}
+	l := memberList{all: all, local: []string{}}
 	for _, m := range all {
 		if strings.HasSuffix(m.userID, suffix) {
 			l.local = append(l.local, m.userID)
 		}
+		if server := matrixid.Server(m.userID); m.membership == storage.MembershipJoin && server != "" && server != s.serverName {
+			l.servers = append(l.servers, server)
+		}
 	}
 	slices.Sort(l.local)
 	l.local = slices.Compact(l.local)
+	slices.Sort(l.servers)
+	l.servers = slices.Compact(l.servers)
 	return l
 }
 

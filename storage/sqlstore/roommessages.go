@@ -9,7 +9,6 @@ import (
 
 	"github.com/lib/pq"
 
-	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -183,20 +182,4 @@ func (s *Store) whyNotWritten(ctx context.Context, m *storage.RoomWrite) error {
 		return storage.ErrNotFound
 	}
 	return storage.ErrRoomMoved
-}
-
-// pduDestinations are the servers an event of a room with these members
-// goes to: every server with a joined member, but this one and those in
-// skip (see txQueueRoomPDUs), sorted.
-func (s *Store) pduDestinations(members []roomMember, skip []string) []string {
-	var out []string
-	for _, m := range members {
-		server := matrixid.Server(m.userID)
-		if m.membership != storage.MembershipJoin || server == "" || server == s.serverName || slices.Contains(skip, server) {
-			continue
-		}
-		out = append(out, server)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
 }

@@ -142,7 +142,7 @@ func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage
 		}
 		s.concernLocalMembers(tx, members)
 		if w.Federate {
-			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, members.all, w.Events, nil); err != nil {
+			if res.PDUsQueued, err = s.txQueueRoomPDUs(ctx, tx, members, w.Events, nil); err != nil {
 				return err
 			}
 		}
