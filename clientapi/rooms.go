@@ -30,6 +30,7 @@ func (a *API) roomRoutes(s, room prefixed) {
 	room.Handle("/rooms/{roomId}/members", a.authed(a.roomMembers)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/joined_members", a.authed(a.joinedMembers)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/event/{eventId}", a.authed(a.roomEvent)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/messages", a.authed(a.roomMessages)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/redact/{eventId}/{txnId}", a.authed(a.redact)).Methods(http.MethodPut)
 	s.Handle("/joined_rooms", a.authed(a.joinedRooms)).Methods(http.MethodGet)
 	s.Handle("/join/{roomIdOrAlias}", a.authed(a.join("roomIdOrAlias"))).Methods(http.MethodPost)
@@ -176,7 +177,9 @@ func (a *API) roomMembers(r *http.Request, c keyserver.Caller) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	members, err := a.opts.Rooms.Members(r.Context(), c.UserID, roomID)
+	q := r.URL.Query()
+	members, err := a.opts.Rooms.Members(r.Context(), roomserver.MembersRequest{UserID: c.UserID, RoomID: roomID,
+		At: q.Get("at"), Membership: q.Get("membership"), NotMembership: q.Get("not_membership")})
 	if err != nil {
 		return nil, err
 	}
@@ -201,6 +204,16 @@ func (a *API) roomEvent(r *http.Request, c keyserver.Caller) (any, error) {
 		return nil, err
 	}
 	return a.opts.Rooms.Event(r.Context(), c.UserID, v[0], v[1])
+}
+
+func (a *API) roomMessages(r *http.Request, c keyserver.Caller) (any, error) {
+	roomID, err := pathVar(r, "roomId")
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	return a.opts.Rooms.Messages(r.Context(), roomserver.MessagesRequest{UserID: c.UserID, RoomID: roomID,
+		From: q.Get("from"), To: q.Get("to"), Dir: q.Get("dir"), Limit: q.Get("limit"), Filter: q.Get("filter")})
 }
 
 func (a *API) joinedRooms(r *http.Request, c keyserver.Caller) (any, error) {

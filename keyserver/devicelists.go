@@ -2,33 +2,15 @@ package keyserver
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/syncnotify"
 )
-
-// A stream token is "s<position>". Tokens are opaque to clients; /sync
-// hands them out as next_batch and /keys/changes takes them back.
-func streamToken(pos storage.StreamPos) string { return "s" + strconv.FormatInt(int64(pos), 10) }
-
-// parseStreamToken reads a token. Anything after an "_" is reserved for
-// streams added later and ignored, so tokens of a newer version still parse.
-func parseStreamToken(param, tok string) (storage.StreamPos, error) {
-	num, _, _ := strings.Cut(tok, "_")
-	if !strings.HasPrefix(num, "s") {
-		return 0, mxerr.InvalidParam("%s is not a valid stream token", param)
-	}
-	n, err := strconv.ParseInt(num[1:], 10, 64)
-	if err != nil || n < 0 {
-		return 0, mxerr.InvalidParam("%s is not a valid stream token", param)
-	}
-	return storage.StreamPos(n), nil
-}
 
 // ChangesResponse is the answer to /keys/changes.
 type ChangesResponse struct {
@@ -45,11 +27,11 @@ func (s *Service) KeyChanges(ctx context.Context, c Caller, from, to string) (Ch
 	if to == "" {
 		return ChangesResponse{}, mxerr.MissingParam("to is required")
 	}
-	fromPos, err := parseStreamToken("from", from)
+	fromPos, err := streamtoken.Parse("from", from)
 	if err != nil {
 		return ChangesResponse{}, err
 	}
-	toPos, err := parseStreamToken("to", to)
+	toPos, err := streamtoken.Parse("to", to)
 	if err != nil {
 		return ChangesResponse{}, err
 	}
@@ -118,7 +100,7 @@ func (s *Service) syncBegin(ctx context.Context, c Caller, since string, timeout
 		return p, err
 	}
 	if since != "" {
-		if p.sincePos, err = parseStreamToken("since", since); err != nil {
+		if p.sincePos, err = streamtoken.Parse("since", since); err != nil {
 			return p, err
 		}
 		if p.acked, err = parseToDeviceAck(since); err != nil {

@@ -3,6 +3,7 @@ package keyserver
 import (
 	"context"
 
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -42,7 +43,7 @@ func (s *Service) roomsSection(ctx context.Context, userID string, from storage.
 	if s.rooms == nil {
 		return nil, nil
 	}
-	req := roomserver.SyncRequest{UserID: userID, From: from, To: d.Pos, FullState: o.FullState, Filter: f, Token: streamToken,
+	req := roomserver.SyncRequest{UserID: userID, From: from, To: d.Pos, FullState: o.FullState, Filter: f, Token: streamtoken.Format,
 		Memberships: d.RoomMemberships, RoomsWithEvents: d.RoomsWithEvents, HaveMemberships: true}
 	if s.opts.AccountData != nil {
 		req.AccountData = d.AccountData

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -70,7 +71,7 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 		answers := make(chan answer, waiters)
 		for _, u := range mates {
 			go func() {
-				res, err := s.Sync(ctx, Caller{UserID: u, DeviceID: "X"}, streamToken(since), time.Minute, SyncOptions{})
+				res, err := s.Sync(ctx, Caller{UserID: u, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
 				answers <- answer{res, err}
 			}()
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -56,7 +57,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		wait := func(user string) <-chan answer {
 			ch := make(chan answer, 1)
 			go func() {
-				res, err := s.Sync(waitCtx, Caller{UserID: user, DeviceID: "X"}, streamToken(since), time.Minute, SyncOptions{})
+				res, err := s.Sync(waitCtx, Caller{UserID: user, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
 				ch <- answer{res, err}
 			}()
 			return ch

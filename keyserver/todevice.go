@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -50,7 +51,7 @@ type ToDeviceEvent struct {
 // keeps to-device messages, the position up to which the device received
 // them.
 func (s *Service) syncToken(pos, acked storage.StreamPos) string {
-	tok := streamToken(pos)
+	tok := streamtoken.Format(pos)
 	if s.opts.ToDevice != nil {
 		tok += "_d" + strconv.FormatInt(int64(acked), 10)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib"
 
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testvectors"
 )
 
@@ -218,13 +219,13 @@ func TestStreamTokens(t *testing.T) {
 		{"s0", 0, true}, {"s42", 42, true}, {"s42_7", 42, true},
 		{"", 0, false}, {"42", 0, false}, {"s", 0, false}, {"s-1", 0, false}, {"sx", 0, false}, {"s1.5", 0, false},
 	} {
-		pos, err := parseStreamToken("from", tc.tok)
+		pos, err := streamtoken.Parse("from", tc.tok)
 		if (err == nil) != tc.ok || (tc.ok && int64(pos) != tc.pos) {
 			t.Errorf("%q: %d %v", tc.tok, pos, err)
 		}
 	}
-	if streamToken(17) != "s17" {
-		t.Error(streamToken(17))
+	if streamtoken.Format(17) != "s17" {
+		t.Error(streamtoken.Format(17))
 	}
 }
 

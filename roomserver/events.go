@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"sort"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -171,19 +173,82 @@ func (s *Service) StateContent(ctx context.Context, userID, roomID, evType, stat
 	return nil, mxerr.NotFound("no state of type %q and key %q", evType, stateKey)
 }
 
-// Members returns a room's member events.
-func (s *Service) Members(ctx context.Context, userID, roomID string) ([]ClientEvent, error) {
-	state, err := s.State(ctx, userID, roomID)
+// MembersRequest is a /members request: At, a stream token, asks for the
+// members as they were at that point (a /sync next_batch); Membership
+// keeps the members with that membership and NotMembership those
+// without it; given both, a member either keeps passes.
+type MembersRequest struct {
+	UserID, RoomID            string
+	At                        string
+	Membership, NotMembership string
+}
+
+// Members returns a room's member events (GET /rooms/{roomId}/members),
+// at the point the user left for one who left.
+func (s *Service) Members(ctx context.Context, req MembersRequest) ([]ClientEvent, error) {
+	for _, m := range []string{req.Membership, req.NotMembership} {
+		if _, known := membershipRank[m]; m != "" && !known {
+			return nil, mxerr.InvalidParam("unknown membership %q", m)
+		}
+	}
+	var state []ClientEvent
+	var err error
+	if req.At == "" {
+		state, err = s.State(ctx, req.UserID, req.RoomID)
+	} else {
+		var at storage.StreamPos
+		if at, err = streamtoken.Parse("at", req.At); err != nil {
+			return nil, err
+		}
+		state, err = s.stateAt(ctx, req.UserID, req.RoomID, at)
+	}
 	if err != nil {
 		return nil, err
 	}
 	out := []ClientEvent{}
 	for _, ev := range state {
-		if ev.Type == spec.MRoomMember {
+		if ev.Type != spec.MRoomMember {
+			continue
+		}
+		m := contentField(ev.Content, "membership")
+		keep := req.Membership == "" && req.NotMembership == "" ||
+			req.Membership != "" && m == req.Membership || req.NotMembership != "" && m != req.NotMembership
+		if keep {
 			out = append(out, ev)
 		}
 	}
 	return out, nil
+}
+
+// stateAt returns a room's state after the events up to position at: the
+// state before the room's next event, or its current state when there is
+// none. One who left gets at most the state when they left.
+func (s *Service) stateAt(ctx context.Context, userID, roomID string, at storage.StreamPos) ([]ClientEvent, error) {
+	r, err := s.historyReader(ctx, userID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	if !r.joinedNow && (at >= r.upTo || r.upTo == math.MaxInt64) {
+		// One who left, asking from their leave on, gets the state as it
+		// was then; one never in the room, what State answers them.
+		return s.State(ctx, userID, roomID)
+	}
+	next, err := s.db.RoomMessages(ctx, roomID, at, math.MaxInt64, 1, true)
+	if err != nil {
+		return nil, err
+	}
+	if len(next) == 0 {
+		evs, err := s.db.RoomCurrentState(ctx, roomID)
+		if err != nil {
+			return nil, err
+		}
+		return clientEvents(evs)
+	}
+	evs, err := s.db.RoomStateBefore(ctx, next[0].EventID)
+	if err != nil {
+		return nil, err
+	}
+	return clientEvents(evs)
 }
 
 // JoinedMember is an entry of /joined_members.
@@ -194,7 +259,7 @@ type JoinedMember struct {
 
 // JoinedMembers returns a room's joined members with their profiles.
 func (s *Service) JoinedMembers(ctx context.Context, userID, roomID string) (map[string]JoinedMember, error) {
-	members, err := s.Members(ctx, userID, roomID)
+	members, err := s.Members(ctx, MembersRequest{UserID: userID, RoomID: roomID})
 	if err != nil {
 		return nil, err
 	}
@@ -228,17 +293,24 @@ func (s *Service) JoinedRooms(ctx context.Context, userID string) ([]string, err
 	return out, nil
 }
 
-// Event returns one event of a room the user is joined to.
+// Event returns one event of a room, if the user may see it: 404 for an
+// event they may not, as for one that does not exist.
 func (s *Service) Event(ctx context.Context, userID, roomID, eventID string) (ClientEvent, error) {
-	if err := s.joined(ctx, roomID, userID); err != nil {
+	r, err := s.historyReader(ctx, userID, roomID)
+	if err != nil {
 		return ClientEvent{}, err
 	}
 	ev, err := s.db.RoomEvent(ctx, eventID)
-	if errors.Is(err, storage.ErrNotFound) || (err == nil && ev.RoomID != roomID) || (err == nil && ev.Pos == 0) {
+	if errors.Is(err, storage.ErrNotFound) || (err == nil && (ev.RoomID != roomID || ev.Pos == 0 || ev.Pos > r.upTo)) {
 		return ClientEvent{}, mxerr.NotFound("unknown event %s", eventID)
 	}
 	if err != nil {
 		return ClientEvent{}, err
+	}
+	if ok, err := s.visible(ctx, r.viewer, ev); err != nil {
+		return ClientEvent{}, err
+	} else if !ok {
+		return ClientEvent{}, mxerr.NotFound("unknown event %s", eventID)
 	}
 	p, err := pdu(ev)
 	if err != nil {

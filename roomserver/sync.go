@@ -23,9 +23,11 @@ import (
 // names the room's local members (joined and invited) in its
 // storage.Change, whose waiting /sync requests wake.
 
-// SyncStore is what /sync and filters read and write of rooms.
+// SyncStore is what /sync, /messages and filters read and write of rooms.
 type SyncStore interface {
 	RoomTimeline(ctx context.Context, roomID string, from, to storage.StreamPos, limit int) ([]storage.RoomEvent, bool, error)
+	RoomMessages(ctx context.Context, roomID string, from, to storage.StreamPos, limit int, forward bool) ([]storage.RoomEvent, error)
+	CurrentPos(ctx context.Context) (storage.StreamPos, error)
 	PutSyncFilter(ctx context.Context, userID string, filter []byte) (int64, error)
 	SyncFilter(ctx context.Context, userID string, id int64) ([]byte, error)
 }
@@ -248,7 +250,7 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 					continue // nothing to show: its timeline in the range is empty
 				}
 			}
-			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, req.To, limit, full)
+			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, true, req.To, limit, full)
 			if err != nil {
 				return nil, err
 			}
@@ -271,7 +273,7 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 				continue
 			}
 			full := req.From == 0 || req.FullState
-			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, m.Pos, limit, full)
+			timeline, state, err := s.syncTimeline(ctx, m.RoomID, req, false, m.Pos, limit, full)
 			if err != nil {
 				return nil, err
 			}
@@ -291,14 +293,19 @@ func orEmpty[T any](s []T) []T {
 
 // syncTimeline returns a room's timeline in (From, to] and the state
 // before its first event: all of it when full, else the state that
-// changed since From in a gap the timeline leaves out (limited).
-func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncRequest, to storage.StreamPos, limit int, full bool) (Timeline, Events, error) {
+// changed since From in a gap the timeline leaves out (limited). Events
+// the user may not see (history visibility; joinedNow: the user is in the
+// room) are left out.
+func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncRequest, joinedNow bool, to storage.StreamPos, limit int, full bool) (Timeline, Events, error) {
 	from := req.From
 	if full {
 		from = 0
 	}
 	evs, limited, err := s.db.RoomTimeline(ctx, roomID, from, to, limit)
 	if err != nil {
+		return Timeline{}, Events{}, err
+	}
+	if evs, err = s.visibleEvents(ctx, viewer{userID: req.UserID, joinedNow: joinedNow}, evs); err != nil {
 		return Timeline{}, Events{}, err
 	}
 	timeline := Timeline{Limited: limited}

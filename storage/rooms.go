@@ -54,6 +54,9 @@ type RoomEvent struct {
 	Membership string
 	// Pos is the event's stream position (0 for an outlier).
 	Pos StreamPos
+	// StateBefore is the snapshot of the room's state before the event
+	// (0 for an outlier): what history visibility is judged by.
+	StateBefore int64
 	// Outlier: stored without the state before it; Rejected: failed the
 	// auth rules (kept so it is not fetched again, never served to
 	// clients); SoftFailed: allowed by the state before it but not by the

@@ -378,7 +378,7 @@ func (s *Store) Room(ctx context.Context, roomID string) (_ storage.Room, err er
 }
 
 const roomEventColumns = `e.event_id, e.room_id, e.event_type, e.state_key, e.sender, e.depth, e.room_version, e.event_json, COALESCE(e.pos, 0),
-	e.outlier, e.rejected, e.soft_failed`
+	e.outlier, e.rejected, e.soft_failed, COALESCE(e.state_before, 0)`
 
 func (s *Store) roomEvents(ctx context.Context, query string, params ...any) ([]storage.RoomEvent, error) {
 	rows, err := s.q.QueryContext(ctx, query, params...)
@@ -393,7 +393,7 @@ func (s *Store) roomEvents(ctx context.Context, query string, params ...any) ([]
 		var js string
 		var outlier, rejected, softFailed int
 		if err := rows.Scan(&ev.EventID, &ev.RoomID, &ev.Type, &stateKey, &ev.Sender, &ev.Depth, &ev.RoomVersion, &js, &ev.Pos,
-			&outlier, &rejected, &softFailed); err != nil {
+			&outlier, &rejected, &softFailed, &ev.StateBefore); err != nil {
 			return nil, err
 		}
 		ev.Outlier, ev.Rejected, ev.SoftFailed = outlier != 0, rejected != 0, softFailed != 0
@@ -672,6 +672,21 @@ func (s *Store) RoomTimeline(ctx context.Context, roomID string, from, to storag
 	}
 	slices.Reverse(evs)
 	return evs, limited, nil
+}
+
+// RoomMessages returns up to limit events of a room with positions in
+// (from, to], the oldest first when forward, else the newest first: the
+// pages of /messages. Rejected and soft-failed events are left out.
+func (s *Store) RoomMessages(ctx context.Context, roomID string, from, to storage.StreamPos, limit int, forward bool) (_ []storage.RoomEvent, err error) {
+	defer named("RoomMessages", &err)
+	if forward {
+		return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_events e
+			WHERE e.room_id = $1 AND e.pos > $2 AND e.pos <= $3 AND e.rejected = 0 AND e.soft_failed = 0
+			ORDER BY e.pos LIMIT $4`, roomID, from, to, limit)
+	}
+	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_events e
+		WHERE e.room_id = $1 AND e.pos > $2 AND e.pos <= $3 AND e.rejected = 0 AND e.soft_failed = 0
+		ORDER BY e.pos DESC LIMIT $4`, roomID, from, to, limit)
 }
 
 // PutSyncFilter stores a user's filter and returns its ID, the user's
