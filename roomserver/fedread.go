@@ -23,12 +23,11 @@ import (
 //
 // Who may read: a server with a user joined to the room (in its current
 // state), or with a user joined in the state before the event asked about
-// (it was in the room then, and was sent the event). With "shared"
-// history visibility, the default, a member sees the whole history, so a
-// joined server may read any event of the room. Other
-// m.room.history_visibility settings are not applied: a server that left
-// still reads the events from before it left, and "invited" and "joined"
-// are not narrowed to the events after its users' invite or join.
+// (it was in the room then, and was sent the event). Under "shared"
+// history visibility, the default, a member sees the whole history; under
+// "invited" and "joined", the events from before any of its users was
+// invited or joined come redacted (forServer). A server that left still
+// reads the events from before it left.
 
 // Limits of the walks over the room graph.
 const (
@@ -76,7 +75,11 @@ func (s *Service) FederationEvent(ctx context.Context, origin, eventID string) (
 	if err := s.mayRead(ctx, origin, ev.RoomID, []storage.RoomEvent{ev}); err != nil {
 		return nil, err
 	}
-	return ev.JSON, nil
+	out, err := s.forServer(ctx, origin, []storage.RoomEvent{ev})
+	if err != nil {
+		return nil, err
+	}
+	return out[0], nil
 }
 
 // FederationStateIDs returns the IDs of the state before an event and of
@@ -163,7 +166,7 @@ func (s *Service) FederationMissingEvents(ctx context.Context, origin, roomID st
 		}
 		return strings.Compare(a.EventID, b.EventID)
 	})
-	return storedJSON(found), nil
+	return s.forServer(ctx, origin, found)
 }
 
 // FederationBackfill returns the events from and their ancestors,
@@ -200,7 +203,7 @@ func (s *Service) FederationBackfill(ctx context.Context, origin, roomID string,
 		}
 		return strings.Compare(a.EventID, b.EventID)
 	})
-	return storedJSON(out), nil
+	return s.forServer(ctx, origin, out)
 }
 
 func errNoEvent(eventID string) error { return mxerr.NotFound("unknown event %s", eventID) }
@@ -385,12 +388,4 @@ func (s *Service) walkPrevEvents(ctx context.Context, roomID string, from []stor
 		}
 	}
 	return out, nil
-}
-
-func storedJSON(evs []storage.RoomEvent) []json.RawMessage {
-	out := make([]json.RawMessage, 0, len(evs))
-	for _, ev := range evs {
-		out = append(out, json.RawMessage(ev.JSON))
-	}
-	return out
 }

@@ -3,9 +3,12 @@ package roomserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
+	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -170,4 +173,89 @@ func eventContentField(eventJSON []byte, field string) string {
 		return ""
 	}
 	return contentField(ev.Content, field)
+}
+
+// History visibility for other servers (backfill, missing events, single
+// events): a server reads the room's events while one of its users is in
+// it (mayRead); under invited and joined, an event from a time none of its
+// users was joined (or, under invited, invited) is served redacted, as
+// Synapse serves it, so the server keeps the room's graph and auth without
+// the content. Judged by the state before the event, with the event's own
+// change counted: a change of the setting, and a membership event of one
+// of the server's users.
+
+// serverView remembers, per snapshot, how a server's users stood in it.
+type serverView struct {
+	origin  string
+	members map[int64]serverMembers
+}
+
+// serverMembers: whether the server had a user joined, or invited.
+type serverMembers struct{ joined, invited bool }
+
+// forServer returns the JSON of evs as origin may see each: whole, or
+// redacted by the room version's rules.
+func (s *Service) forServer(ctx context.Context, origin string, evs []storage.RoomEvent) ([]json.RawMessage, error) {
+	v := serverView{origin: origin, members: map[int64]serverMembers{}}
+	out := make([]json.RawMessage, 0, len(evs))
+	for _, ev := range evs {
+		whole, err := s.serverSees(ctx, &v, ev)
+		if err != nil {
+			return nil, err
+		}
+		if whole {
+			out = append(out, json.RawMessage(ev.JSON))
+			continue
+		}
+		impl, err := gomatrixserverlib.GetRoomVersion(gomatrixserverlib.RoomVersion(ev.RoomVersion))
+		if err != nil {
+			return nil, err
+		}
+		redacted, err := impl.RedactEventJSON(ev.JSON)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, redacted)
+	}
+	return out, nil
+}
+
+// serverSees reports whether the server may see an event whole.
+func (s *Service) serverSees(ctx context.Context, v *serverView, ev storage.RoomEvent) (bool, error) {
+	if ev.Pos == 0 {
+		return true, nil // an outlier: an event other servers gave us, with no state known before it
+	}
+	setting, err := s.historyBefore(ctx, ev.StateBefore)
+	if err != nil {
+		return false, err
+	}
+	if ev.Type == spec.MRoomHistoryVisibility && ev.StateKey != nil && *ev.StateKey == "" {
+		if after := historySetting(eventContentField(ev.JSON, "history_visibility")); historyOpenness[after] < historyOpenness[setting] {
+			setting = after
+		}
+	}
+	if setting != historyInvited && setting != historyJoined {
+		return true, nil
+	}
+	m, ok := v.members[ev.StateBefore]
+	if !ok {
+		var state []storage.RoomEvent
+		if ev.StateBefore != 0 {
+			if state, err = s.db.RoomStateBefore(ctx, ev.EventID); err != nil && !errors.Is(err, storage.ErrNotFound) {
+				return false, err
+			}
+		}
+		for _, st := range state {
+			if st.Type == spec.MRoomMember && st.StateKey != nil && matrixid.Server(*st.StateKey) == v.origin {
+				m.joined = m.joined || st.Membership == spec.Join
+				m.invited = m.invited || st.Membership == spec.Invite
+			}
+		}
+		v.members[ev.StateBefore] = m
+	}
+	if ev.Type == spec.MRoomMember && ev.StateKey != nil && matrixid.Server(*ev.StateKey) == v.origin {
+		m.joined = m.joined || ev.Membership == spec.Join
+		m.invited = m.invited || ev.Membership == spec.Invite
+	}
+	return m.joined || m.invited && setting == historyInvited, nil
 }
