@@ -248,3 +248,51 @@ func TestSyncFilters(t *testing.T) {
 		srv.Must(t, "GET", v3+"/sync?timeout=0&since=s0", alice.Token, nil)
 	})
 }
+
+func TestSyncRoomSummary(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		bob := srv.Register(t, "bob", "")
+		carol := srv.Register(t, "carol", "")
+		roomID := createRoom(t, srv, alice, map[string]any{"preset": "private_chat", "invite": []string{bob.UserID, carol.UserID}})
+		summary := func(sync map[string]any) map[string]any {
+			t.Helper()
+			s, _ := section(t, sync, "join", roomID)["summary"].(map[string]any)
+			return s
+		}
+		expectSummary := func(what string, s map[string]any, joined, invited float64, heroes ...string) {
+			t.Helper()
+			var got []string
+			for _, h := range s["m.heroes"].([]any) {
+				got = append(got, h.(string))
+			}
+			if s["m.joined_member_count"] != joined || s["m.invited_member_count"] != invited || !slices.Equal(got, heroes) {
+				t.Fatalf("%s: summary %v, want %v joined, %v invited, heroes %q", what, s, joined, invited, heroes)
+			}
+		}
+
+		initial := roomSync(t, srv, alice, nil)
+		expectSummary("alice's initial sync", summary(initial), 1, 2, bob.UserID, carol.UserID)
+		since := initial["next_batch"].(string)
+
+		// A message changes nothing: no summary.
+		sendMessage(t, srv, alice, roomID, "1", "hi")
+		next := roomSync(t, srv, alice, url.Values{"since": {since}})
+		if s := summary(next); s != nil {
+			t.Fatalf("a summary after a message alone: %v", s)
+		}
+		since = next["next_batch"].(string)
+
+		// bob joins: alice's next sync has the new counts, bob's first the
+		// others in the order they came.
+		srv.Must(t, "POST", roomPath(roomID, "/join"), bob.Token, nil)
+		expectSummary("after bob joined", summary(roomSync(t, srv, alice, url.Values{"since": {since}})), 2, 1, carol.UserID, bob.UserID)
+		expectSummary("bob's initial sync", summary(roomSync(t, srv, bob, nil)), 2, 1, alice.UserID, carol.UserID)
+
+		// Everyone else gone: the heroes are those who left.
+		srv.Must(t, "POST", roomPath(roomID, "/leave"), bob.Token, nil)
+		srv.Must(t, "POST", roomPath(roomID, "/kick"), alice.Token, map[string]any{"user_id": carol.UserID})
+		expectSummary("alone", summary(roomSync(t, srv, alice, nil)), 1, 0, bob.UserID, carol.UserID)
+	})
+}

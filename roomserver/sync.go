@@ -1,6 +1,7 @@
 package roomserver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -187,10 +188,78 @@ type AccountDataEvent struct {
 
 // JoinedRoom is an entry of rooms.join.
 type JoinedRoom struct {
+	Summary     *RoomSummary      `json:"summary,omitempty"`
 	State       Events            `json:"state"`
 	Timeline    Timeline          `json:"timeline"`
 	AccountData AccountDataEvents `json:"account_data"`
 	Ephemeral   Events            `json:"ephemeral"`
+}
+
+// RoomSummary is a joined room's summary in /sync: what a client needs
+// to name a room that has no name, and its member counts. It comes with
+// an initial sync, a room newly joined and whenever the events in the
+// answer change the members, the name or the canonical alias; it is
+// left out otherwise, as unchanged.
+type RoomSummary struct {
+	Heroes       []string `json:"m.heroes"`
+	JoinedCount  int      `json:"m.joined_member_count"`
+	InvitedCount int      `json:"m.invited_member_count"`
+}
+
+// maxHeroes is how many members m.heroes names.
+const maxHeroes = 5
+
+// changesSummary reports whether events may change a room's summary.
+func changesSummary(evs []ClientEvent) bool {
+	for _, ev := range evs {
+		if ev.Type == spec.MRoomMember || ev.Type == spec.MRoomName || ev.Type == spec.MRoomCanonicalAlias {
+			return true
+		}
+	}
+	return false
+}
+
+// summary computes a room's summary from its current state: heroes are
+// the first members to have joined or been invited, in stream order, the
+// user left out; when there are none, those who left or were banned.
+func (s *Service) summary(ctx context.Context, roomID, userID string) (*RoomSummary, error) {
+	state, err := s.db.RoomCurrentState(ctx, roomID)
+	if err != nil {
+		return nil, err
+	}
+	var members []storage.RoomEvent
+	for _, ev := range state {
+		if ev.Type == spec.MRoomMember && ev.StateKey != nil {
+			members = append(members, ev)
+		}
+	}
+	slices.SortFunc(members, func(a, b storage.RoomEvent) int {
+		return cmp.Or(cmp.Compare(a.Pos, b.Pos), strings.Compare(*a.StateKey, *b.StateKey))
+	})
+	out := &RoomSummary{Heroes: []string{}}
+	var gone []string
+	for _, ev := range members {
+		switch ev.Membership {
+		case spec.Join:
+			out.JoinedCount++
+		case spec.Invite:
+			out.InvitedCount++
+		}
+		if *ev.StateKey == userID {
+			continue
+		}
+		if ev.Membership == spec.Join || ev.Membership == spec.Invite {
+			if len(out.Heroes) < maxHeroes {
+				out.Heroes = append(out.Heroes, *ev.StateKey)
+			}
+		} else if len(gone) < maxHeroes {
+			gone = append(gone, *ev.StateKey)
+		}
+	}
+	if len(out.Heroes) == 0 {
+		out.Heroes = orEmpty(gone)
+	}
+	return out, nil
 }
 
 // InvitedRoom is an entry of rooms.invite.
@@ -257,8 +326,14 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 			if len(timeline.Events) == 0 && len(data) == 0 && !full {
 				continue
 			}
-			out.Join[m.RoomID] = &JoinedRoom{State: state, Timeline: timeline,
+			room := &JoinedRoom{State: state, Timeline: timeline,
 				AccountData: AccountDataEvents{Events: orEmpty(data)}, Ephemeral: Events{Events: []ClientEvent{}}}
+			if full || changesSummary(timeline.Events) || changesSummary(state.Events) {
+				if room.Summary, err = s.summary(ctx, m.RoomID, req.UserID); err != nil {
+					return nil, err
+				}
+			}
+			out.Join[m.RoomID] = room
 		case spec.Invite:
 			if req.From != 0 && m.Pos <= req.From {
 				continue
