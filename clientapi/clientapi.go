@@ -27,6 +27,7 @@ import (
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
@@ -54,6 +55,8 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// Profiles serves /profile; nil: not served.
+	Profiles *profile.Service
 	// Rooms serves the room endpoints; nil: not served.
 	Rooms *roomserver.Service
 	// ToDevice serves /sendToDevice, Dehydrated the dehydrated device
@@ -121,6 +124,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
+		a.profileRoutes(s)
 		a.roomRoutes(s, prefixed{rooms, prefix})
 		a.toDeviceRoutes(s)
 	}

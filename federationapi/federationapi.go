@@ -48,6 +48,8 @@ type Options struct {
 	// nil: not served.
 	Rooms           Rooms
 	MaxRequestBytes int64
+	// Profiles answers /query/profile; nil: not served.
+	Profiles Profiles
 	// Membership answers the membership handshakes; nil: none.
 	Membership RoomMembership
 	// RateLimit bounds each remote server's requests; nil: no limit.
@@ -102,6 +104,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	r.Handle("/_matrix/federation/v1/send/{txnId}", a.authed(a.send)).Methods(http.MethodPut)
 	a.membershipRoutes(r)
 	a.roomRoutes(r)
+	a.profileRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 

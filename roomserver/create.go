@@ -143,12 +143,16 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 	for k, v := range req.PowerLevelContentOverride {
 		pl[k] = v
 	}
+	creatorJoin, err := s.withProfile(ctx, creator, map[string]any{"membership": spec.Join})
+	if err != nil {
+		return "", err
+	}
 	steps := []struct {
 		evType, stateKey string
 		content          any
 	}{
 		{spec.MRoomCreate, "", create},
-		{spec.MRoomMember, creator, map[string]any{"membership": spec.Join}},
+		{spec.MRoomMember, creator, creatorJoin},
 		{spec.MRoomPowerLevels, "", pl},
 	}
 	if alias != "" {
@@ -193,10 +197,14 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 			remoteInvites = append(remoteInvites, u) // once the room exists: their servers sign them
 			continue
 		}
+		content, err := s.withProfile(ctx, u, inviteContent(req.IsDirect))
+		if err != nil {
+			return "", err
+		}
 		steps = append(steps, struct {
 			evType, stateKey string
 			content          any
-		}{spec.MRoomMember, u, inviteContent(req.IsDirect)})
+		}{spec.MRoomMember, u, content})
 	}
 	for _, st := range steps {
 		if _, err := c.add(creator, st.evType, ptr(st.stateKey), st.content); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/remotefail"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -585,13 +586,8 @@ func remoteJoinError(ctx context.Context, err error) error {
 	return mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "the room's servers could not be joined through")
 }
 
-// statusError is a remote server's error answer (fedclient.HTTPError).
-type statusError interface {
-	error
-	StatusCode() int
-	ErrCode() string
-	ErrMessage() string
-}
+// statusError is a remote server's error answer.
+type statusError = remotefail.StatusError
 
 // storeJoin writes a join made over federation: the auth chain and state
 // as outliers, the join placed on that state as the room's new current

@@ -51,6 +51,9 @@ func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string
 	if reason != "" {
 		content["reason"] = reason
 	}
+	if content, err = s.withProfile(ctx, userID, content); err != nil {
+		return "", err
+	}
 	if local {
 		if _, err := s.send(ctx, roomID, userID, spec.MRoomMember, &userID, content, nil); err != nil {
 			return "", err
@@ -115,11 +118,15 @@ func (s *Service) invite(ctx context.Context, sender, roomID, target string, con
 	} else if m == spec.Invite {
 		return nil // inviting again succeeds and changes nothing
 	}
+	content, err := s.withProfile(ctx, target, content)
+	if err != nil {
+		return err
+	}
 	var finish func(gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error)
 	if !s.isLocalUser(target) {
 		finish = func(ev gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error) { return s.inviteRemote(ctx, ev) }
 	}
-	_, err := s.sendFinished(ctx, roomID, sender, spec.MRoomMember, &target, content, nil, finish)
+	_, err = s.sendFinished(ctx, roomID, sender, spec.MRoomMember, &target, content, nil, finish)
 	return err
 }
 

@@ -159,6 +159,8 @@ type Service struct {
 	pipes sync.Map // room ID -> *roomPipe: the room's local writes
 	// states keeps state read for building events.
 	states stateCache
+	// profiles fill local users' member events (SetProfiles); nil: none.
+	profiles Profiles
 }
 
 // New makes a Service.

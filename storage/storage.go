@@ -549,3 +549,9 @@ type OutboundEDU struct {
 	Destination string
 	Content     json.RawMessage
 }
+
+// Profile is a user's public profile; an empty field is not set.
+type Profile struct {
+	DisplayName string `json:"displayname,omitempty"`
+	AvatarURL   string `json:"avatar_url,omitempty"`
+}

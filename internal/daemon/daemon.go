@@ -34,6 +34,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
@@ -271,6 +272,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Directory: d.fed, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.ks.SetPDUReceiver(rooms)
+	profiles := profile.New(store, cfg.ServerName, d.fed, rooms, log)
+	rooms.SetProfiles(profiles)
 	d.parker = httppark.New(httppark.Options{WriteTimeout: cfg.ClientAPI.WriteTimeout.Duration(), Logger: log})
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
@@ -285,6 +288,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyBackup:       keybackup.New(store, log),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 			Rooms:           rooms,
+			Profiles:        profiles,
 			ToDevice:        toDevice,
 			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
 			Parker:          d.parker,
@@ -302,6 +306,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			OldVerifyKeys:   oldVerifyKeys(cfg),
 			KeyRing:         keyRing,
 			Membership:      rooms,
+			Profiles:        profiles,
 			OnAuthenticated: d.serverAlive,
 			Rooms:           rooms,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,

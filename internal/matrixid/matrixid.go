@@ -42,3 +42,10 @@ func Server(id string) string {
 	_, server, _ := strings.Cut(id, ":")
 	return server
 }
+
+// Localpart returns the localpart of a user ID: what lies between the
+// sigil and the first colon.
+func Localpart(userID string) string {
+	local, _, _ := strings.Cut(userID, ":")
+	return strings.TrimPrefix(local, "@")
+}

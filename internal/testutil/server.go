@@ -25,6 +25,7 @@ import (
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/todevice"
@@ -104,13 +105,15 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	rooms := roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
 		Sink: ks, Logger: log, Now: o.Now})
 	ks.SetRooms(rooms)
+	profiles := profile.New(store, o.ServerName, nil, rooms, log)
+	rooms.SetProfiles(profiles)
 	toDevice := todevice.New(store, todevice.Options{ServerName: o.ServerName, Logger: log, Now: o.Now,
 		RateLimit: o.ToDevice.limiter(o.Now), Changed: ks.StreamAdvanced})
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
-		Rooms: rooms, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
+		Rooms: rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()

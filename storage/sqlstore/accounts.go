@@ -119,8 +119,8 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 		if err := s.revokeUserKeys(ctx, tx, userID); err != nil {
 			return err
 		}
-		// Key backups, account data (the secret storage among it) and
-		// to-device messages go too. The devices' inboxes went with them;
+		// Key backups, account data (the secret storage among it), the
+		// profile and to-device messages go too. The devices' inboxes went with them;
 		// this also covers any left without a device.
 		if err := s.deleteUserBackups(ctx, tx, userID); err != nil {
 			return err
@@ -129,6 +129,9 @@ func (s *Store) DeactivateAccount(ctx context.Context, userID string, now int64)
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM account_data WHERE user_id = $1`, userID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM profiles WHERE user_id = $1`, userID); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM uia_sessions WHERE user_id = $1`, userID)

@@ -551,6 +551,16 @@ ALTER TABLE rooms ADD COLUMN head {{BIGINT}} NOT NULL DEFAULT 0;
 DROP INDEX room_events_pos;
 `},
 	{20, "PostgreSQL: room messages written by a function (postgresSteps)", ``},
+	{21, "profiles", `
+-- a local user's public profile; a user without a row has the default
+-- profile (their localpart as display name, no avatar), and NULL is a
+-- field the user removed
+CREATE TABLE profiles (
+	user_id     {{TEXT}} PRIMARY KEY,
+	displayname {{TEXT}},
+	avatar_url  {{TEXT}}
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
