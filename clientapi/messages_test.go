@@ -193,6 +193,12 @@ func TestRoomHistoryVisibility(t *testing.T) {
 		}
 		expectError(t, srv, "GET", roomPath(roomID, "/event/"+url.PathEscape(secret)), bob.Token, nil, 404, "M_NOT_FOUND")
 		srv.Must(t, "GET", roomPath(roomID, "/event/"+url.PathEscape(after)), bob.Token, nil)
+		expectError(t, srv, "GET", roomPath(roomID, "/context/"+url.PathEscape(secret)), bob.Token, nil, 404, "M_NOT_FOUND")
+		around := srv.Must(t, "GET", roomPath(roomID, "/context/"+url.PathEscape(after)+"?limit=10"), bob.Token, nil)
+		// Five read before: bob's join and invite, the messages while he
+		// was invited and before, and the change to joined.
+		expectEvents(t, "bob's context before", eventsOf(t, map[string]any{"x": map[string]any{"events": around["events_before"]}}, "x"),
+			"m.room.member|@bob:test.local|join", "m.room.history_visibility|")
 
 		// invited: carol sees from her invite on.
 		setVisibility("invited")
@@ -274,5 +280,59 @@ func TestRoomMembersFilters(t *testing.T) {
 		expectEvents(t, "bob now", members(bob, ""), "@alice:test.local|join", "@bob:test.local|leave", "@carol:test.local|invite")
 		expectError(t, srv, "GET", roomPath(roomID, "/members?membership=joined"), alice.Token, nil, 400, "M_INVALID_PARAM")
 		expectError(t, srv, "GET", roomPath(roomID, "/members?at=x"), alice.Token, nil, 400, "M_INVALID_PARAM")
+	})
+}
+
+func TestRoomContext(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		bob := srv.Register(t, "bob", "")
+		roomID := createRoom(t, srv, alice, map[string]any{"preset": "public_chat"})
+		var ids []string
+		for _, b := range []string{"m1", "m2", "m3", "m4", "m5", "m6"} {
+			ids = append(ids, sendMessage(t, srv, alice, roomID, b, b))
+		}
+		srv.Must(t, "PUT", roomPath(roomID, "/state/m.room.topic/"), alice.Token, map[string]any{"topic": "later"})
+		list := func(v any) []string {
+			return eventsOf(t, map[string]any{"x": map[string]any{"events": v}}, "x")
+		}
+
+		// Two before (newest first), the event, three after (oldest first);
+		// the state after the last one returned.
+		c := srv.Must(t, "GET", roomPath(roomID, "/context/"+url.PathEscape(ids[2])+"?limit=5"), alice.Token, nil)
+		if ev := c["event"].(map[string]any); ev["event_id"] != ids[2] {
+			t.Fatalf("context event %v", ev)
+		}
+		expectEvents(t, "events_before", list(c["events_before"]), "m.room.message|m2", "m.room.message|m1")
+		expectEvents(t, "events_after", list(c["events_after"]), "m.room.message|m4", "m.room.message|m5", "m.room.message|m6")
+		for _, st := range list(c["state"]) {
+			if st == "m.room.topic|" {
+				t.Fatalf("the state after m6 has the topic set after it: %q", list(c["state"]))
+			}
+		}
+		if len(list(c["state"])) < 5 {
+			t.Fatalf("state %q", list(c["state"]))
+		}
+
+		// The tokens continue with /messages: back from start, forward
+		// from end.
+		_, back := messagesPage(t, srv, alice, roomID, url.Values{"dir": {"b"}, "from": {c["start"].(string)}, "limit": {"1"}})
+		expectEvents(t, "before start", back, "m.room.guest_access|")
+		_, fwd := messagesPage(t, srv, alice, roomID, url.Values{"dir": {"f"}, "from": {c["end"].(string)}})
+		expectEvents(t, "after end", fwd, "m.room.topic|")
+
+		// A filter applies to the events around.
+		c = srv.Must(t, "GET", roomPath(roomID, "/context/"+url.PathEscape(ids[5])+"?limit=4&filter="+url.QueryEscape(`{"not_types":["m.room.topic"]}`)), alice.Token, nil)
+		expectEvents(t, "filtered after", list(c["events_after"]))
+		expectEvents(t, "filtered before", list(c["events_before"]), "m.room.message|m5", "m.room.message|m4")
+
+		// Errors: an unknown event, an event of another room, a
+		// non-member, a bad limit.
+		other := createRoom(t, srv, alice, map[string]any{"preset": "public_chat"})
+		expectError(t, srv, "GET", roomPath(roomID, "/context/$nope"), alice.Token, nil, 404, "M_NOT_FOUND")
+		expectError(t, srv, "GET", roomPath(other, "/context/"+url.PathEscape(ids[0])), alice.Token, nil, 404, "M_NOT_FOUND")
+		expectError(t, srv, "GET", roomPath(roomID, "/context/"+url.PathEscape(ids[0])), bob.Token, nil, 403, "M_FORBIDDEN")
+		expectError(t, srv, "GET", roomPath(roomID, "/context/"+url.PathEscape(ids[0])+"?limit=-2"), alice.Token, nil, 400, "M_INVALID_PARAM")
 	})
 }

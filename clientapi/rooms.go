@@ -31,6 +31,7 @@ func (a *API) roomRoutes(s, room prefixed) {
 	room.Handle("/rooms/{roomId}/joined_members", a.authed(a.joinedMembers)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/event/{eventId}", a.authed(a.roomEvent)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/messages", a.authed(a.roomMessages)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/context/{eventId}", a.authed(a.roomContext)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/redact/{eventId}/{txnId}", a.authed(a.redact)).Methods(http.MethodPut)
 	s.Handle("/joined_rooms", a.authed(a.joinedRooms)).Methods(http.MethodGet)
 	s.Handle("/join/{roomIdOrAlias}", a.authed(a.join("roomIdOrAlias"))).Methods(http.MethodPost)
@@ -214,6 +215,16 @@ func (a *API) roomMessages(r *http.Request, c keyserver.Caller) (any, error) {
 	q := r.URL.Query()
 	return a.opts.Rooms.Messages(r.Context(), roomserver.MessagesRequest{UserID: c.UserID, RoomID: roomID,
 		From: q.Get("from"), To: q.Get("to"), Dir: q.Get("dir"), Limit: q.Get("limit"), Filter: q.Get("filter")})
+}
+
+func (a *API) roomContext(r *http.Request, c keyserver.Caller) (any, error) {
+	v, err := pathVars(r, "roomId", "eventId")
+	if err != nil {
+		return nil, err
+	}
+	q := r.URL.Query()
+	return a.opts.Rooms.Context(r.Context(), roomserver.ContextRequest{UserID: c.UserID, RoomID: v[0], EventID: v[1],
+		Limit: q.Get("limit"), Filter: q.Get("filter")})
 }
 
 func (a *API) joinedRooms(r *http.Request, c keyserver.Caller) (any, error) {

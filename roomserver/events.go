@@ -220,9 +220,8 @@ func (s *Service) Members(ctx context.Context, req MembersRequest) ([]ClientEven
 	return out, nil
 }
 
-// stateAt returns a room's state after the events up to position at: the
-// state before the room's next event, or its current state when there is
-// none. One who left gets at most the state when they left.
+// stateAt returns a room's state after the events up to position at (see
+// stateAfter). One who left gets at most the state when they left.
 func (s *Service) stateAt(ctx context.Context, userID, roomID string, at storage.StreamPos) ([]ClientEvent, error) {
 	r, err := s.historyReader(ctx, userID, roomID)
 	if err != nil {
@@ -233,6 +232,13 @@ func (s *Service) stateAt(ctx context.Context, userID, roomID string, at storage
 		// was then; one never in the room, what State answers them.
 		return s.State(ctx, userID, roomID)
 	}
+	return s.stateAfter(ctx, roomID, at)
+}
+
+// stateAfter returns a room's state after its events up to position at:
+// the state before its next event, or its current state when there is
+// none.
+func (s *Service) stateAfter(ctx context.Context, roomID string, at storage.StreamPos) ([]ClientEvent, error) {
 	next, err := s.db.RoomMessages(ctx, roomID, at, math.MaxInt64, 1, true)
 	if err != nil {
 		return nil, err

@@ -284,3 +284,116 @@ func parseLimit(s string) (int, error) {
 	}
 	return n, nil
 }
+
+// GET /rooms/{roomId}/context/{eventId}: an event with the events around
+// it, as a client shows a permalink, and tokens to page on from there
+// with /messages.
+
+// ContextRequest is a /context request as the client sent it.
+type ContextRequest struct {
+	UserID, RoomID, EventID string
+	Limit                   string // "" for the default
+	Filter                  string // a RoomEventFilter as JSON; "" for none
+}
+
+// ContextResponse is the answer to /context: events_before newest first,
+// events_after oldest first, and the room's state after the last event
+// returned.
+type ContextResponse struct {
+	Start        string        `json:"start"`
+	End          string        `json:"end"`
+	EventsBefore []ClientEvent `json:"events_before"`
+	Event        ClientEvent   `json:"event"`
+	EventsAfter  []ClientEvent `json:"events_after"`
+	State        []ClientEvent `json:"state"`
+}
+
+// DefaultContextLimit and MaxContextLimit bound the events around.
+const (
+	DefaultContextLimit = 10
+	MaxContextLimit     = 100
+)
+
+// Context answers /context: limit events split between before (half,
+// rounded down) and after, the filter and history visibility applied to
+// them; an event the user may not see is 404, as one that does not exist.
+func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextResponse, error) {
+	limit := DefaultContextLimit
+	if req.Limit != "" {
+		n, err := parseLimit(req.Limit)
+		if err != nil {
+			return ContextResponse{}, err
+		}
+		limit = min(n, MaxContextLimit)
+	}
+	var filter RoomEventFilter
+	if req.Filter != "" {
+		if err := json.Unmarshal([]byte(req.Filter), &filter); err != nil {
+			return ContextResponse{}, mxerr.InvalidParam("filter is not a valid room event filter: %v", err)
+		}
+	}
+	r, err := s.historyReader(ctx, req.UserID, req.RoomID)
+	if err != nil {
+		return ContextResponse{}, err
+	}
+	ev, err := s.db.RoomEvent(ctx, req.EventID)
+	if errors.Is(err, storage.ErrNotFound) || err == nil && (ev.RoomID != req.RoomID || ev.Pos == 0 || ev.Pos > r.upTo || ev.SoftFailed) {
+		return ContextResponse{}, mxerr.NotFound("unknown event %s", req.EventID)
+	} else if err != nil {
+		return ContextResponse{}, err
+	}
+	if ok, err := s.visible(ctx, r.viewer, ev); err != nil {
+		return ContextResponse{}, err
+	} else if !ok {
+		return ContextResponse{}, mxerr.NotFound("unknown event %s", req.EventID)
+	}
+	out := ContextResponse{Start: streamtoken.Format(ev.Pos - 1), End: streamtoken.Format(ev.Pos)}
+	// around reads up to n events on one side and keeps those the filter
+	// and visibility let through; the token moves past all it read.
+	around := func(low, high storage.StreamPos, n int, forward bool) ([]ClientEvent, *storage.StreamPos, error) {
+		if n == 0 || low >= high {
+			return []ClientEvent{}, nil, nil
+		}
+		page, err := s.db.RoomMessages(ctx, req.RoomID, low, high, n, forward)
+		if err != nil || len(page) == 0 {
+			return []ClientEvent{}, nil, err
+		}
+		var keep []storage.RoomEvent
+		for _, e := range page {
+			if filter.matches(e) {
+				keep = append(keep, e)
+			}
+		}
+		if keep, err = s.visibleEvents(ctx, r.viewer, keep); err != nil {
+			return nil, nil, err
+		}
+		evs, err := clientEvents(keep)
+		last := page[len(page)-1].Pos
+		return orEmpty(evs), &last, err
+	}
+	before, oldest, err := around(0, ev.Pos-1, limit/2, false)
+	if err != nil {
+		return ContextResponse{}, err
+	}
+	after, newest, err := around(ev.Pos, r.upTo, limit-limit/2, true)
+	if err != nil {
+		return ContextResponse{}, err
+	}
+	if oldest != nil {
+		out.Start = streamtoken.Format(*oldest - 1)
+	}
+	last := ev.Pos
+	if newest != nil {
+		out.End, last = streamtoken.Format(*newest), *newest
+	}
+	p, err := pdu(ev)
+	if err != nil {
+		return ContextResponse{}, err
+	}
+	out.Event, out.EventsBefore, out.EventsAfter = clientEvent(p), before, after
+	if out.State, err = s.stateAfter(ctx, req.RoomID, last); err != nil {
+		return ContextResponse{}, err
+	}
+	out.State = orEmpty(out.State)
+	return out, nil
+}
