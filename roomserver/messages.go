@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -68,10 +69,10 @@ func (f RoomEventFilter) matches(ev storage.RoomEvent) bool {
 	if anyTypeMatches(f.NotTypes, ev.Type) {
 		return false
 	}
-	if f.Senders != nil && !contains(*f.Senders, ev.Sender) {
+	if f.Senders != nil && !slices.Contains(*f.Senders, ev.Sender) {
 		return false
 	}
-	if contains(f.NotSenders, ev.Sender) {
+	if slices.Contains(f.NotSenders, ev.Sender) {
 		return false
 	}
 	if f.ContainsURL != nil {
@@ -84,15 +85,6 @@ func (f RoomEventFilter) matches(ev storage.RoomEvent) bool {
 		}
 	}
 	return true
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func anyTypeMatches(patterns []string, evType string) bool {
@@ -123,7 +115,7 @@ func typeMatches(pattern, s string) bool {
 		}
 		s = s[i+len(p):]
 	}
-	return strings.HasSuffix(s, last) && len(s) >= len(last)
+	return strings.HasSuffix(s, last)
 }
 
 // reader is a user's access to a room's history: who they are for
