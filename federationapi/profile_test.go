@@ -55,5 +55,12 @@ func TestFederationProfiles(t *testing.T) {
 		if content := string(pdusOf(t, a, r.roomID, []any{mustEvent(t, a, peer, evs[0].EventID)})[0].Content()); content != `{"displayname":"Bob","membership":"join"}` {
 			t.Fatalf("bob's join on A: %s", content)
 		}
+
+		// bob renames himself on B: his new member event reaches A's room.
+		b.Must(t, "PUT", clientV3+"/profile/"+url.PathEscape(bob.UserID)+"/displayname", bob.Token, map[string]any{"displayname": "Robert"})
+		testutil.Eventually(t, "bob's new name to reach A", func() bool {
+			m := a.Must(t, "GET", r.path("/state/m.room.member/"+url.PathEscape(bob.UserID)), r.alice.Token, nil)
+			return m["displayname"] == "Robert" && m["membership"] == "join"
+		})
 	})
 }
