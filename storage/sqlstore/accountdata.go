@@ -2,6 +2,8 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -12,18 +14,7 @@ import (
 // database are woken by the position (see nextPos).
 func (s *Store) SetAccountData(ctx context.Context, userID, roomID, dataType string, content []byte) (_ storage.Change, err error) {
 	defer named("SetAccountData", &err)
-	return s.writeChange(ctx, func(tx *txn) error {
-		pos, err := s.nextPos(ctx, tx)
-		if err != nil {
-			return err
-		}
-		tx.concern(userID) // only the owner's /sync hands it out
-		_, err = tx.ExecContext(ctx, `
-			INSERT INTO account_data (user_id, room_id, data_type, content, pos) VALUES ($1, $2, $3, $4, $5)
-			ON CONFLICT (user_id, room_id, data_type) DO UPDATE SET content = excluded.content, pos = excluded.pos`,
-			userID, roomID, dataType, string(content), pos)
-		return err
-	})
+	return s.updateAccountData(ctx, userID, roomID, dataType, func([]byte) ([]byte, error) { return content, nil })
 }
 
 // AccountData returns a user's account data of a type (global when
@@ -65,4 +56,41 @@ func (s *Store) AccountDataChanges(ctx context.Context, userID string, from, to 
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+// UpdateAccountData replaces a type of a user's account data by what
+// update makes of its content (nil when there is none), in one
+// transaction: the stream's counter, taken first, keeps two updates of
+// the same data from both reading the old content.
+func (s *Store) UpdateAccountData(ctx context.Context, userID, roomID, dataType string, update func(old []byte) ([]byte, error)) (_ storage.Change, err error) {
+	defer named("UpdateAccountData", &err)
+	return s.updateAccountData(ctx, userID, roomID, dataType, update)
+}
+
+func (s *Store) updateAccountData(ctx context.Context, userID, roomID, dataType string, update func(old []byte) ([]byte, error)) (storage.Change, error) {
+	return s.writeChange(ctx, func(tx *txn) error {
+		pos, err := s.nextPos(ctx, tx)
+		if err != nil {
+			return err
+		}
+		var old []byte
+		var content string
+		switch err := tx.QueryRowContext(ctx, `SELECT content FROM account_data WHERE user_id = $1 AND room_id = $2 AND data_type = $3`,
+			userID, roomID, dataType).Scan(&content); {
+		case err == nil:
+			old = []byte(content)
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		updated, err := update(old)
+		if err != nil {
+			return err
+		}
+		tx.concern(userID) // only the owner's /sync hands it out
+		_, err = tx.ExecContext(ctx, `
+			INSERT INTO account_data (user_id, room_id, data_type, content, pos) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (user_id, room_id, data_type) DO UPDATE SET content = excluded.content, pos = excluded.pos`,
+			userID, roomID, dataType, string(updated), pos)
+		return err
+	})
 }
