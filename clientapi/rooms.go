@@ -32,6 +32,7 @@ func (a *API) roomRoutes(s, room prefixed) {
 	room.Handle("/rooms/{roomId}/event/{eventId}", a.authed(a.roomEvent)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/messages", a.authed(a.roomMessages)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/context/{eventId}", a.authed(a.roomContext)).Methods(http.MethodGet)
+	room.Handle("/rooms/{roomId}/aliases", a.authed(a.roomAliases)).Methods(http.MethodGet)
 	room.Handle("/rooms/{roomId}/redact/{eventId}/{txnId}", a.authed(a.redact)).Methods(http.MethodPut)
 	s.Handle("/joined_rooms", a.authed(a.joinedRooms)).Methods(http.MethodGet)
 	s.Handle("/join/{roomIdOrAlias}", a.authed(a.join("roomIdOrAlias"))).Methods(http.MethodPost)
@@ -225,6 +226,18 @@ func (a *API) roomContext(r *http.Request, c keyserver.Caller) (any, error) {
 	q := r.URL.Query()
 	return a.opts.Rooms.Context(r.Context(), roomserver.ContextRequest{UserID: c.UserID, RoomID: v[0], EventID: v[1],
 		Limit: q.Get("limit"), Filter: q.Get("filter")})
+}
+
+func (a *API) roomAliases(r *http.Request, c keyserver.Caller) (any, error) {
+	roomID, err := pathVar(r, "roomId")
+	if err != nil {
+		return nil, err
+	}
+	aliases, err := a.opts.Rooms.Aliases(r.Context(), c.UserID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"aliases": aliases}, nil
 }
 
 func (a *API) joinedRooms(r *http.Request, c keyserver.Caller) (any, error) {

@@ -447,6 +447,15 @@ func TestRoomAliases(t *testing.T) {
 			t.Fatalf("alias: %v", got)
 		}
 		expectError(t, srv, "PUT", path, bob.Token, map[string]any{"room_id": roomID}, 409, "M_UNKNOWN")
+		// The room's aliases, for its members only (a private room).
+		srv.Must(t, "PUT", v3+"/directory/room/"+url.PathEscape("#cave:test.local"), alice.Token, map[string]any{"room_id": roomID})
+		aliases := srv.Must(t, "GET", roomPath(roomID, "/aliases"), alice.Token, nil)["aliases"]
+		if testutil.Canonical(t, aliases) != `["#cave:test.local","#den:test.local"]` {
+			t.Fatalf("the room's aliases: %v", aliases)
+		}
+		expectError(t, srv, "GET", roomPath(roomID, "/aliases"), bob.Token, nil, 403, "M_FORBIDDEN")
+		expectError(t, srv, "GET", roomPath("!nowhere:test.local", "/aliases"), alice.Token, nil, 404, "M_NOT_FOUND")
+		srv.Must(t, "DELETE", v3+"/directory/room/"+url.PathEscape("#cave:test.local"), alice.Token, nil)
 		expectError(t, srv, "PUT", v3+"/directory/room/"+url.PathEscape("#other:test.local"), alice.Token,
 			map[string]any{"room_id": "!nowhere:test.local"}, 404, "M_NOT_FOUND")
 		expectError(t, srv, "PUT", v3+"/directory/room/nohash", alice.Token, map[string]any{"room_id": roomID}, 400, "M_INVALID_PARAM")

@@ -3,6 +3,7 @@ package roomserver
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -156,4 +157,18 @@ func (s *Service) DeleteAlias(ctx context.Context, userID, alias string) error {
 		return mxerr.NotFound("unknown room alias %s", alias)
 	}
 	return err
+}
+
+// Aliases lists this server's aliases of a room (GET
+// /rooms/{roomId}/aliases), for a member or, in a world-readable room,
+// anyone.
+func (s *Service) Aliases(ctx context.Context, userID, roomID string) ([]string, error) {
+	r, err := s.historyReader(ctx, userID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	if !r.joinedNow && r.upTo != math.MaxInt64 {
+		return nil, mxerr.Forbidden("you are not in room %s", roomID) // one who left
+	}
+	return s.db.RoomAliases(ctx, roomID)
 }

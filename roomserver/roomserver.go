@@ -110,6 +110,7 @@ type Store interface {
 	RoomTxnEvent(ctx context.Context, t storage.RoomTxn) (string, error)
 	PutRoomAlias(ctx context.Context, a storage.RoomAlias) error
 	RoomAlias(ctx context.Context, alias string) (storage.RoomAlias, error)
+	RoomAliases(ctx context.Context, roomID string) ([]string, error)
 	DeleteRoomAlias(ctx context.Context, alias string) error
 	ForgetRoom(ctx context.Context, userID, roomID string) error
 	SnapshotStore

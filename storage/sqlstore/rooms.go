@@ -630,6 +630,25 @@ func (s *Store) RoomAlias(ctx context.Context, alias string) (_ storage.RoomAlia
 	return a, notFound(err)
 }
 
+// RoomAliases returns the aliases that name a room, sorted.
+func (s *Store) RoomAliases(ctx context.Context, roomID string) (_ []string, err error) {
+	defer named("RoomAliases", &err)
+	rows, err := s.q.QueryContext(ctx, `SELECT alias FROM room_aliases WHERE room_id = $1 ORDER BY alias`, roomID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var a string
+		if err := rows.Scan(&a); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
 // DeleteRoomAlias deletes an alias (storage.ErrNotFound when unknown).
 func (s *Store) DeleteRoomAlias(ctx context.Context, alias string) (err error) {
 	defer named("DeleteRoomAlias", &err)
