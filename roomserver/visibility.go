@@ -73,14 +73,9 @@ func (s *Service) visible(ctx context.Context, v viewer, ev storage.RoomEvent) (
 	if ev.Pos == 0 {
 		return false, nil // an outlier: not in the room's timeline
 	}
-	setting, err := s.historyBefore(ctx, ev.StateBefore)
+	setting, err := s.settingAt(ctx, ev)
 	if err != nil {
 		return false, err
-	}
-	if ev.Type == spec.MRoomHistoryVisibility && ev.StateKey != nil && *ev.StateKey == "" {
-		if after := historySetting(eventContentField(ev.JSON, "history_visibility")); historyOpenness[after] < historyOpenness[setting] {
-			setting = after
-		}
 	}
 	if setting == historyWorldReadable {
 		return true, nil
@@ -110,6 +105,22 @@ func (s *Service) visible(ctx context.Context, v viewer, ev storage.RoomEvent) (
 		return setting == historyInvited, nil
 	}
 	return false, nil
+}
+
+// settingAt is the history visibility an event is judged by: the setting
+// before it, or for a change of the setting the more open of the settings
+// before and after it.
+func (s *Service) settingAt(ctx context.Context, ev storage.RoomEvent) (string, error) {
+	setting, err := s.historyBefore(ctx, ev.StateBefore)
+	if err != nil {
+		return "", err
+	}
+	if ev.Type == spec.MRoomHistoryVisibility && ev.StateKey != nil && *ev.StateKey == "" {
+		if after := historySetting(eventContentField(ev.JSON, "history_visibility")); historyOpenness[after] < historyOpenness[setting] {
+			setting = after
+		}
+	}
+	return setting, nil
 }
 
 // rank is a membership's place in membershipRank; none ranks last.
@@ -225,14 +236,9 @@ func (s *Service) serverSees(ctx context.Context, v *serverView, ev storage.Room
 	if ev.Pos == 0 {
 		return true, nil // an outlier: an event other servers gave us, with no state known before it
 	}
-	setting, err := s.historyBefore(ctx, ev.StateBefore)
+	setting, err := s.settingAt(ctx, ev)
 	if err != nil {
 		return false, err
-	}
-	if ev.Type == spec.MRoomHistoryVisibility && ev.StateKey != nil && *ev.StateKey == "" {
-		if after := historySetting(eventContentField(ev.JSON, "history_visibility")); historyOpenness[after] < historyOpenness[setting] {
-			setting = after
-		}
 	}
 	if setting != historyInvited && setting != historyJoined {
 		return true, nil
