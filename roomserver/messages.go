@@ -171,21 +171,9 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 	default:
 		return MessagesResponse{}, mxerr.InvalidParam("dir must be b or f")
 	}
-	limit := DefaultMessagesLimit
-	if req.Limit != "" {
-		n, err := parseLimit(req.Limit)
-		if err != nil {
-			return MessagesResponse{}, err
-		}
-		if n > 0 {
-			limit = min(n, MaxMessagesLimit)
-		}
-	}
-	var filter RoomEventFilter
-	if req.Filter != "" {
-		if err := json.Unmarshal([]byte(req.Filter), &filter); err != nil {
-			return MessagesResponse{}, mxerr.InvalidParam("filter is not a valid room event filter: %v", err)
-		}
+	limit, filter, err := pageParams(req.Limit, req.Filter, DefaultMessagesLimit, MaxMessagesLimit)
+	if err != nil {
+		return MessagesResponse{}, err
 	}
 	var from, to *storage.StreamPos
 	for _, t := range []struct {
@@ -268,13 +256,26 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 	return out, nil
 }
 
-// parseLimit reads a non-negative integer limit.
-func parseLimit(s string) (int, error) {
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return 0, mxerr.InvalidParam("limit must be a non-negative integer")
+// pageParams reads the limit (a non-negative integer; none or 0: def,
+// capped at most) and the room event filter of /messages and /context.
+func pageParams(limitParam, filterParam string, def, most int) (int, RoomEventFilter, error) {
+	var filter RoomEventFilter
+	limit := def
+	if limitParam != "" {
+		n, err := strconv.Atoi(limitParam)
+		if err != nil || n < 0 {
+			return 0, filter, mxerr.InvalidParam("limit must be a non-negative integer")
+		}
+		if n > 0 {
+			limit = min(n, most)
+		}
 	}
-	return n, nil
+	if filterParam != "" {
+		if err := json.Unmarshal([]byte(filterParam), &filter); err != nil {
+			return 0, filter, mxerr.InvalidParam("filter is not a valid room event filter: %v", err)
+		}
+	}
+	return limit, filter, nil
 }
 
 // GET /rooms/{roomId}/context/{eventId}: an event with the events around
@@ -310,19 +311,9 @@ const (
 // rounded down) and after, the filter and history visibility applied to
 // them; an event the user may not see is 404, as one that does not exist.
 func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextResponse, error) {
-	limit := DefaultContextLimit
-	if req.Limit != "" {
-		n, err := parseLimit(req.Limit)
-		if err != nil {
-			return ContextResponse{}, err
-		}
-		limit = min(n, MaxContextLimit)
-	}
-	var filter RoomEventFilter
-	if req.Filter != "" {
-		if err := json.Unmarshal([]byte(req.Filter), &filter); err != nil {
-			return ContextResponse{}, mxerr.InvalidParam("filter is not a valid room event filter: %v", err)
-		}
+	limit, filter, err := pageParams(req.Limit, req.Filter, DefaultContextLimit, MaxContextLimit)
+	if err != nil {
+		return ContextResponse{}, err
 	}
 	r, err := s.historyReader(ctx, req.UserID, req.RoomID)
 	if err != nil {
