@@ -296,3 +296,53 @@ func TestSyncRoomSummary(t *testing.T) {
 		expectSummary("alone", summary(roomSync(t, srv, alice, nil)), 1, 0, bob.UserID, carol.UserID)
 	})
 }
+
+func TestSyncTimelineFilter(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		bob := srv.Register(t, "bob", "")
+		roomID := createRoom(t, srv, alice, map[string]any{"preset": "public_chat"})
+		srv.Must(t, "POST", roomPath(roomID, "/join"), bob.Token, nil)
+		sendMessage(t, srv, alice, roomID, "1", "a1")
+		sendMessage(t, srv, bob, roomID, "1", "b1")
+		srv.Must(t, "PUT", roomPath(roomID, "/state/m.room.topic/"), alice.Token, map[string]any{"topic": "t1"})
+		sendMessage(t, srv, alice, roomID, "2", "a2")
+		sendMessage(t, srv, bob, roomID, "2", "b2")
+
+		filter := func(f string) url.Values { return url.Values{"filter": {`{"room":{"timeline":` + f + `}}`}} }
+		// The newest two messages, limited; the state before them whole.
+		initial := roomSync(t, srv, alice, filter(`{"limit":2,"types":["m.room.message"]}`))
+		room := section(t, initial, "join", roomID)
+		expectEvents(t, "messages only", eventsOf(t, room, "timeline"), "m.room.message|a2", "m.room.message|b2")
+		if room["timeline"].(map[string]any)["limited"] != true {
+			t.Fatalf("a timeline with more messages before it is not limited")
+		}
+		state := eventsOf(t, room, "state")
+		if !slices.Contains(state, "m.room.topic|") || !slices.Contains(state, "m.room.member|@bob:test.local|join") {
+			t.Fatalf("state before the timeline: %q", state)
+		}
+		// Everything there is, by sender.
+		room = section(t, roomSync(t, srv, alice, filter(`{"limit":10,"senders":["@bob:test.local"]}`)), "join", roomID)
+		expectEvents(t, "bob's events", eventsOf(t, room, "timeline"), "m.room.member|@bob:test.local|join", "m.room.message|b1", "m.room.message|b2")
+		if room["timeline"].(map[string]any)["limited"] != false {
+			t.Fatalf("every event of bob's is there, yet limited")
+		}
+		// A filter that lets nothing through: the room is still there, with
+		// its whole state.
+		room = section(t, roomSync(t, srv, alice, filter(`{"types":["m.nothing"]}`)), "join", roomID)
+		if len(eventsOf(t, room, "timeline")) != 0 || !slices.Contains(eventsOf(t, room, "state"), "m.room.topic|") {
+			t.Fatalf("an empty filtered timeline: %v", room)
+		}
+
+		// Incremental: a topic change the filter hides comes as state.
+		since := initial["next_batch"].(string)
+		srv.Must(t, "PUT", roomPath(roomID, "/state/m.room.topic/"), alice.Token, map[string]any{"topic": "t2"})
+		sendMessage(t, srv, alice, roomID, "3", "a3")
+		q := filter(`{"types":["m.room.message"]}`)
+		q.Set("since", since)
+		room = section(t, roomSync(t, srv, alice, q), "join", roomID)
+		expectEvents(t, "new messages", eventsOf(t, room, "timeline"), "m.room.message|a3")
+		expectEvents(t, "the hidden change as state", eventsOf(t, room, "state"), "m.room.topic|")
+	})
+}

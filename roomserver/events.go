@@ -239,22 +239,23 @@ func (s *Service) stateAt(ctx context.Context, userID, roomID string, at storage
 // the state before its next event, or its current state when there is
 // none.
 func (s *Service) stateAfter(ctx context.Context, roomID string, at storage.StreamPos) ([]ClientEvent, error) {
+	evs, err := s.stateAfterEvents(ctx, roomID, at)
+	if err != nil {
+		return nil, err
+	}
+	return clientEvents(evs)
+}
+
+// stateAfterEvents is stateAfter as stored events.
+func (s *Service) stateAfterEvents(ctx context.Context, roomID string, at storage.StreamPos) ([]storage.RoomEvent, error) {
 	next, err := s.db.RoomMessages(ctx, roomID, at, math.MaxInt64, 1, true)
 	if err != nil {
 		return nil, err
 	}
 	if len(next) == 0 {
-		evs, err := s.db.RoomCurrentState(ctx, roomID)
-		if err != nil {
-			return nil, err
-		}
-		return clientEvents(evs)
+		return s.db.RoomCurrentState(ctx, roomID)
 	}
-	evs, err := s.db.RoomStateBefore(ctx, next[0].EventID)
-	if err != nil {
-		return nil, err
-	}
-	return clientEvents(evs)
+	return s.db.RoomStateBefore(ctx, next[0].EventID)
 }
 
 // JoinedMember is an entry of /joined_members.

@@ -50,7 +50,8 @@ const (
 // with an end token rather than one request that reads the whole room.
 const messagesScans = 5
 
-// RoomEventFilter is the part of a room event filter /messages applies;
+// RoomEventFilter is the part of a room event filter /messages, /context
+// and /sync timelines apply;
 // other fields are accepted and ignored. In types and not_types a "*"
 // matches any run of characters.
 type RoomEventFilter struct {
@@ -59,6 +60,11 @@ type RoomEventFilter struct {
 	Senders     *[]string `json:"senders"`
 	NotSenders  []string  `json:"not_senders"`
 	ContainsURL *bool     `json:"contains_url"`
+}
+
+// active reports whether the filter leaves any event out.
+func (f RoomEventFilter) active() bool {
+	return f.Types != nil || len(f.NotTypes) > 0 || f.Senders != nil || len(f.NotSenders) > 0 || f.ContainsURL != nil
 }
 
 // matches reports whether an event passes the filter.

@@ -44,9 +44,11 @@ type Filter struct {
 	} `json:"room"`
 }
 
-// EventFilter is the part of an event filter this server applies.
+// EventFilter is the part of an event filter this server applies: the
+// timeline's length, and which events it shows (as /messages does).
 type EventFilter struct {
 	Limit *int `json:"limit"`
+	RoomEventFilter
 }
 
 // DefaultTimelineLimit is the timeline's length without a filter's limit;
@@ -323,7 +325,7 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 			if err != nil {
 				return nil, err
 			}
-			if len(timeline.Events) == 0 && len(data) == 0 && !full {
+			if len(timeline.Events) == 0 && len(state.Events) == 0 && len(data) == 0 && !full {
 				continue
 			}
 			room := &JoinedRoom{State: state, Timeline: timeline,
@@ -376,28 +378,41 @@ func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncReque
 	if full {
 		from = 0
 	}
-	evs, limited, err := s.db.RoomTimeline(ctx, roomID, from, to, limit)
-	if err != nil {
-		return Timeline{}, Events{}, err
+	v := viewer{userID: req.UserID, joinedNow: joinedNow}
+	var evs []storage.RoomEvent
+	var limited, dropped bool // dropped: events of the range left out by the filter or visibility
+	var err error
+	if f := req.Filter.Room.Timeline.RoomEventFilter; f.active() {
+		evs, limited, dropped, err = s.filteredTimeline(ctx, roomID, v, f, from, to, limit)
+	} else if evs, limited, err = s.db.RoomTimeline(ctx, roomID, from, to, limit); err == nil {
+		read := len(evs)
+		evs, err = s.visibleEvents(ctx, v, evs)
+		dropped = len(evs) < read
 	}
-	if evs, err = s.visibleEvents(ctx, viewer{userID: req.UserID, joinedNow: joinedNow}, evs); err != nil {
+	if err != nil {
 		return Timeline{}, Events{}, err
 	}
 	timeline := Timeline{Limited: limited}
 	if timeline.Events, err = clientEvents(evs); err != nil {
 		return Timeline{}, Events{}, err
 	}
+	timeline.Events = orEmpty(timeline.Events)
 	state := Events{Events: []ClientEvent{}}
-	if len(evs) == 0 {
-		return timeline, state, nil
-	}
-	if req.Token != nil {
+	if len(evs) > 0 && req.Token != nil {
 		timeline.PrevBatch = req.Token(evs[0].Pos - 1)
 	}
-	if !full && !limited {
+	if !full && !limited && !dropped {
 		return timeline, state, nil
 	}
-	before, err := s.db.RoomStateBefore(ctx, evs[0].EventID)
+	// The state before the timeline (for a gap or events left out, what
+	// changed in the range before it); with no event in it, the state at
+	// its end.
+	var before []storage.RoomEvent
+	if len(evs) > 0 {
+		before, err = s.db.RoomStateBefore(ctx, evs[0].EventID)
+	} else {
+		before, err = s.stateAfterEvents(ctx, roomID, to)
+	}
 	if err != nil {
 		return Timeline{}, Events{}, err
 	}
@@ -414,6 +429,42 @@ func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncReque
 	}
 	state.Events = orEmpty(state.Events)
 	return timeline, state, nil
+}
+
+// filteredTimeline is the timeline in (from, to] of the events that pass
+// a filter (and history visibility): up to limit of the newest, read
+// backwards a page at a time (at most messagesScans pages); limited when
+// more may pass before them, dropped when it read events it left out.
+func (s *Service) filteredTimeline(ctx context.Context, roomID string, v viewer, f RoomEventFilter, from, to storage.StreamPos, limit int) (_ []storage.RoomEvent, limited, dropped bool, _ error) {
+	var out []storage.RoomEvent
+	high, truncated, read := to, false, 0
+	for scan := 0; scan < messagesScans && high > from && len(out) < limit; scan++ {
+		page, err := s.db.RoomMessages(ctx, roomID, from, high, limit, false)
+		if err != nil {
+			return nil, false, false, err
+		}
+		read += len(page)
+		var keep []storage.RoomEvent
+		for _, ev := range page {
+			if f.matches(ev) {
+				keep = append(keep, ev)
+			}
+		}
+		if keep, err = s.visibleEvents(ctx, v, keep); err != nil {
+			return nil, false, false, err
+		}
+		if room := limit - len(out); len(keep) > room {
+			keep, truncated = keep[:room], true
+		}
+		out = append(out, keep...)
+		if len(page) < limit {
+			high = from // read to the start of the range
+			break
+		}
+		high = page[len(page)-1].Pos - 1
+	}
+	slices.Reverse(out)
+	return out, truncated || high > from, read > len(out), nil
 }
 
 // inviteState is an invitee's view of a room: stripped state after the
