@@ -3,6 +3,7 @@ package clientapi_test
 import (
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -69,6 +70,22 @@ func TestProfiles(t *testing.T) {
 		expectProfile(t, srv, alice.UserID, "", map[string]any{"displayname": "Alice A"})
 		srv.Must(t, "PUT", profilePath(alice.UserID, "displayname"), alice.Token, map[string]any{"displayname": strings.Repeat("é", 256)})
 		srv.Must(t, "PUT", profilePath(alice.UserID, "displayname"), alice.Token, map[string]any{"displayname": "Alice A"})
+
+		// Both fields set at once: both stay.
+		carol := srv.Register(t, "carol", "")
+		var wg sync.WaitGroup
+		for _, f := range []struct{ field, value string }{{"displayname", "Carol"}, {"avatar_url", "mxc://test.local/c"}} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				srv.Must(t, "PUT", profilePath(carol.UserID, f.field), carol.Token, map[string]any{f.field: f.value})
+			}()
+		}
+		wg.Wait()
+		expectProfile(t, srv, carol.UserID, "", map[string]any{"displayname": "Carol", "avatar_url": "mxc://test.local/c"})
+		// A first change of the avatar keeps the default display name.
+		srv.Must(t, "PUT", profilePath(bob.UserID, "avatar_url"), bob.Token, map[string]any{"avatar_url": "mxc://test.local/b"})
+		expectProfile(t, srv, bob.UserID, "", map[string]any{"displayname": "bob", "avatar_url": "mxc://test.local/b"})
 
 		expectError(t, srv, "GET", profilePath("@nobody:test.local", ""), "", nil, 404, "M_NOT_FOUND")
 		expectError(t, srv, "GET", profilePath("not-a-user", ""), "", nil, 400, "M_INVALID_PARAM")

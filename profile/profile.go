@@ -23,7 +23,9 @@ import (
 // Store keeps local users' profiles (package sqlstore).
 type Store interface {
 	Profile(ctx context.Context, userID string) (storage.Profile, error)
-	SetProfile(ctx context.Context, userID string, p storage.Profile) error
+	// SetProfileField sets one field ("displayname" or "avatar_url";
+	// value "": none) and returns the profile.
+	SetProfileField(ctx context.Context, userID, field, value string) (storage.Profile, error)
 }
 
 // Remote asks another server for a user's profile (fedclient.Client).
@@ -114,20 +116,15 @@ func (s *Service) Set(ctx context.Context, callerID, userID, field string, value
 	if value != nil && utf8.RuneCountInString(*value) > limit {
 		return mxerr.InvalidParam("%s is longer than %d characters", field, limit)
 	}
-	p, err := s.Local(ctx, userID)
-	if err != nil {
-		return err
+	if matrixid.Server(userID) != s.serverName {
+		return mxerr.NotFound("no profile for %s", userID)
 	}
 	v := ""
 	if value != nil {
 		v = *value
 	}
-	if field == DisplayName {
-		p.DisplayName = v
-	} else {
-		p.AvatarURL = v
-	}
-	if err := s.db.SetProfile(ctx, userID, p); errors.Is(err, storage.ErrNotFound) {
+	p, err := s.db.SetProfileField(ctx, userID, field, v)
+	if errors.Is(err, storage.ErrNotFound) {
 		return mxerr.NotFound("no profile for %s", userID)
 	} else if err != nil {
 		return err
