@@ -24,7 +24,11 @@ type migration struct {
 // postgresSteps are the parts of migrations that PostgreSQL alone runs,
 // after the step's shared SQL, each as one statement (it may hold
 // semicolons: a function's body).
-var postgresSteps = map[int]string{20: writeRoomMessagesFunction}
+var postgresSteps = map[int][]string{
+	20: {writeRoomMessagesFunction},
+	22: {`DROP FUNCTION IF EXISTS write_room_messages(TEXT[], BIGINT[], BIGINT[], BIGINT[], BIGINT[], TEXT[], TEXT[], TEXT[],
+		TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], BIGINT, INT[], TEXT[], TEXT, TEXT)`, writeRoomMessagesFunction},
+}
 
 var migrations = []migration{
 	{1, "accounts, devices, keys, device-list stream, memberships", `
@@ -561,6 +565,7 @@ CREATE TABLE profiles (
 	avatar_url  {{TEXT}}
 );
 `},
+	{22, "PostgreSQL: room messages claim their transaction first (postgresSteps)", ``},
 }
 
 // SchemaVersion is the newest schema version this program knows.
@@ -624,8 +629,8 @@ func (s *Store) apply(ctx context.Context, conn *sql.Conn, m migration) error {
 		ddl = strings.ReplaceAll(ddl, k, v)
 	}
 	stmts := splitStatements(ddl)
-	if step, ok := postgresSteps[m.version]; ok && s.d.name == "postgres" {
-		stmts = append(stmts, step)
+	if s.d.name == "postgres" {
+		stmts = append(stmts, postgresSteps[m.version]...)
 	}
 	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
@@ -663,15 +668,18 @@ func splitStatements(sqlText string) []string {
 // earlier one leaves) and its client transaction has no event yet. It
 // returns, for each message (msg: its index from 0), outcome 0 and its
 // stream position when written, 1 when its room did not have its head
-// (or is unknown), 2 when its transaction was taken. A message whose
-// transaction is found taken before its room is moved leaves the room
-// as it is; one whose transaction is taken meanwhile (by a write that
-// commits while this one runs) gives the room its spare head instead. Either
-// way the messages built on it fail too. The stream's counter is locked
-// after the rooms and transactions, as every room write does. A room's
+// (or is unknown), 2 when its transaction was taken. A message claims
+// its transaction first (the claim is the check: no lookup before it),
+// then moves its room; a message whose transaction is taken leaves the
+// room as it is, so the messages built on it fail too, and one whose room
+// has moved gives its claim back. The stream's counter is locked after
+// the rooms and transactions, as every room write does. A room's
 // extremity is replaced by its whole key (see txReplaceExtremities).
+// Migration 22 replaces the function of migration 20, which looked the
+// transaction up before moving the room and claimed it after (taking a
+// spare head when the claim failed).
 const writeRoomMessagesFunction = `
-CREATE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[], spare_heads BIGINT[],
+CREATE OR REPLACE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[],
 	depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
 	snapshots BIGINT[], prevs TEXT[], txn_users TEXT[], txn_devices TEXT[], txn_paths TEXT[], now_ms BIGINT,
 	target_idx INT[], targets TEXT[], channel TEXT, payload TEXT)
@@ -685,29 +693,25 @@ DECLARE
 	v_nid BIGINT;
 BEGIN
 	FOR k IN 1..n LOOP
-		IF txn_users[k] IS NOT NULL AND EXISTS (SELECT 1 FROM room_txns
-				WHERE user_id = txn_users[k] AND device_id = txn_devices[k] AND txn_path = txn_paths[k]) THEN
-			msg := k - 1; outcome := 2; at_pos := NULL;
-			RETURN NEXT;
-			CONTINUE;
-		END IF;
-		UPDATE rooms SET head = new_heads[k], depth = GREATEST(depth, depths[k])
-			WHERE room_id = room_ids[k] AND head = heads[k];
-		IF NOT FOUND THEN
-			msg := k - 1; outcome := 1; at_pos := NULL;
-			RETURN NEXT;
-			CONTINUE;
-		END IF;
 		IF txn_users[k] IS NOT NULL THEN
 			INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts)
 				VALUES (txn_users[k], txn_devices[k], txn_paths[k], event_ids[k], now_ms)
 				ON CONFLICT DO NOTHING;
 			IF NOT FOUND THEN
-				UPDATE rooms SET head = spare_heads[k] WHERE room_id = room_ids[k];
 				msg := k - 1; outcome := 2; at_pos := NULL;
 				RETURN NEXT;
 				CONTINUE;
 			END IF;
+		END IF;
+		UPDATE rooms SET head = new_heads[k], depth = GREATEST(depth, depths[k])
+			WHERE room_id = room_ids[k] AND head = heads[k];
+		IF NOT FOUND THEN
+			IF txn_users[k] IS NOT NULL THEN
+				DELETE FROM room_txns WHERE user_id = txn_users[k] AND device_id = txn_devices[k] AND txn_path = txn_paths[k];
+			END IF;
+			msg := k - 1; outcome := 1; at_pos := NULL;
+			RETURN NEXT;
+			CONTINUE;
 		END IF;
 		moved[k] := true;
 		written := written + 1;

@@ -60,7 +60,7 @@ func (s *Store) cachedMembers(snapshot int64) (memberList, bool) {
 // follow another of its room in the same batch (the second compares the
 // head the first left), and PostgreSQL keeps their plans.
 const writeMessagesQuery = `SELECT msg, outcome, at_pos FROM write_room_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-	$11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`
+	$11, $12, $13, $14, $15, $16, $17, $18, $19)`
 
 // writeMessages writes a batch of plain messages (pendingWrite.message)
 // in one call; those of one room are in the order they were built.
@@ -75,7 +75,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 	var (
 		roomIDs, evIDs, types, senders, versions, prevs []string
 		jsons, targets                                  []string
-		heads, newHeads, spareHeads, depths, snapshots  []int64
+		heads, newHeads, depths, snapshots              []int64
 		targetIdx                                       []int64
 		txnUsers, txnDevices, txnPaths                  []sql.NullString
 		concerned                                       [][]string // the local members of each snapshot
@@ -86,7 +86,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 		m, ev := w.message, w.message.Events[0]
 		roomIDs, evIDs, types = append(roomIDs, m.RoomID), append(evIDs, ev.EventID), append(types, ev.Type)
 		senders, versions, jsons = append(senders, ev.Sender), append(versions, ev.RoomVersion), append(jsons, string(ev.JSON))
-		heads, newHeads, spareHeads = append(heads, m.Head), append(newHeads, m.NewHead), append(spareHeads, storage.NewRoomHead())
+		heads, newHeads = append(heads, m.Head), append(newHeads, m.NewHead)
 		depths, snapshots, prevs = append(depths, ev.Depth), append(snapshots, m.StateSnapshot), append(prevs, m.Extremities[0])
 		var user, device, path sql.NullString
 		if t := m.Txn; t != nil {
@@ -110,7 +110,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 		}
 	}
 	// PostgreSQL only: s.q runs on s.wdb, prepared.
-	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads), pq.Array(spareHeads),
+	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads),
 		pq.Array(depths), pq.Array(evIDs), pq.Array(types), pq.Array(senders), pq.Array(versions), pq.Array(jsons), pq.Array(snapshots),
 		pq.Array(prevs), pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), now, pq.Array(targetIdx), pq.Array(targets),
 		streamChannel, payload)

@@ -219,3 +219,75 @@ func TestRoomMessageTxnTakenMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A message with a client transaction whose room has moved is refused
+// with ErrRoomMoved and leaves the transaction free: the same request,
+// built again on the room's head, is written.
+func TestRoomMessageOnAMovedRoomLeavesItsTxn(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		room := createRoomOfA(t, s)
+		// A first message makes the room's members known to the batches
+		// (on PostgreSQL, the message function writes the next ones).
+		if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: room.Extremities, Head: room.Head, NewHead: 10,
+			StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$m0", "m.room.message", nil, "", 3)}})(); err != nil {
+			t.Fatal(err)
+		}
+		batches := s.MessageBatches()
+		txn := &storage.RoomTxn{UserID: "@a:x", DeviceID: "D", Path: "p"}
+		_, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$m0"}, Head: 11, NewHead: 20,
+			Txn: txn, StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$stale", "m.room.message", nil, "", 4)}})()
+		if !errors.Is(err, storage.ErrRoomMoved) {
+			t.Fatalf("a message on a head the room does not have: %v", err)
+		}
+		if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$m0"}, Head: 10, NewHead: 21,
+			Txn: txn, StateSnapshot: room.StateSnapshot, Events: []storage.RoomEvent{roomEvent("$again", "m.room.message", nil, "", 4)}})(); err != nil {
+			t.Fatalf("the same transaction on the room's head: %v", err)
+		}
+		if db.Name == "postgres" && s.MessageBatches()-batches != 2 {
+			t.Fatalf("%d message batches, want the two messages written by the function", s.MessageBatches()-batches)
+		}
+		if id, err := s.RoomTxnEvent(ctx, *txn); err != nil || id != "$again" {
+			t.Fatalf("the transaction's event: %q %v", id, err)
+		}
+	})
+}
+
+// A database whose message function is the one of migration 20 (its
+// signature had a spare head) gets the new one from migration 22, and
+// only it.
+func TestMessageFunctionReplacedByMigration22(t *testing.T) {
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	old, err := sqlstore.OpenAtSchema(ctx, db.URI, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		`DROP FUNCTION write_room_messages(TEXT[], BIGINT[], BIGINT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[],
+			BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], BIGINT, INT[], TEXT[], TEXT, TEXT)`,
+		`CREATE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[], spare_heads BIGINT[],
+			depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
+			snapshots BIGINT[], prevs TEXT[], txn_users TEXT[], txn_devices TEXT[], txn_paths TEXT[], now_ms BIGINT,
+			target_idx INT[], targets TEXT[], channel TEXT, payload TEXT)
+			RETURNS TABLE (msg INT, outcome INT, at_pos BIGINT) LANGUAGE sql AS 'SELECT 0, 1, NULL::BIGINT'`,
+	} {
+		if _, err := old.DB().ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.Close()
+	s := open(t, db)
+	var n int
+	if err := s.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_proc
+		WHERE proname = 'write_room_messages' AND pronamespace = current_schema()::regnamespace`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d functions named write_room_messages (%v), want 1", n, err)
+	}
+	room := createRoomOfA(t, s)
+	if _, err := s.StartRoomWrite(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: room.Extremities, Head: room.Head, NewHead: 30,
+		Txn: &storage.RoomTxn{UserID: "@a:x", DeviceID: "D", Path: "p"}, StateSnapshot: room.StateSnapshot,
+		Events: []storage.RoomEvent{roomEvent("$m", "m.room.message", nil, "", 3)}})(); err != nil {
+		t.Fatalf("a message after the upgrade: %v", err)
+	}
+}
