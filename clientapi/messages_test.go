@@ -16,7 +16,14 @@ import (
 func messagesPage(t *testing.T, srv *testutil.Server, u *testutil.User, roomID string, q url.Values) (map[string]any, []string) {
 	t.Helper()
 	page := srv.Must(t, "GET", roomPath(roomID, "/messages?"+q.Encode()), u.Token, nil)
-	return page, eventsOf(t, map[string]any{"chunk": map[string]any{"events": page["chunk"]}}, "chunk")
+	return page, eventList(t, page["chunk"])
+}
+
+// eventList is eventsOf for a bare list of events (a /messages chunk,
+// /context's events_before and events_after).
+func eventList(t *testing.T, list any) []string {
+	t.Helper()
+	return eventsOf(t, map[string]any{"list": map[string]any{"events": list}}, "list")
 }
 
 // allMessages pages through /messages from a token (none: from the end
@@ -197,7 +204,7 @@ func TestRoomHistoryVisibility(t *testing.T) {
 		around := srv.Must(t, "GET", roomPath(roomID, "/context/"+url.PathEscape(after)+"?limit=10"), bob.Token, nil)
 		// Five read before: bob's join and invite, the messages while he
 		// was invited and before, and the change to joined.
-		expectEvents(t, "bob's context before", eventsOf(t, map[string]any{"x": map[string]any{"events": around["events_before"]}}, "x"),
+		expectEvents(t, "bob's context before", eventList(t, around["events_before"]),
 			"m.room.member|@bob:test.local|join", "m.room.history_visibility|")
 
 		// invited: carol sees from her invite on.
@@ -294,9 +301,6 @@ func TestRoomContext(t *testing.T) {
 			ids = append(ids, sendMessage(t, srv, alice, roomID, b, b))
 		}
 		srv.Must(t, "PUT", roomPath(roomID, "/state/m.room.topic/"), alice.Token, map[string]any{"topic": "later"})
-		list := func(v any) []string {
-			return eventsOf(t, map[string]any{"x": map[string]any{"events": v}}, "x")
-		}
 
 		// Two before (newest first), the event, three after (oldest first);
 		// the state after the last one returned.
@@ -304,15 +308,15 @@ func TestRoomContext(t *testing.T) {
 		if ev := c["event"].(map[string]any); ev["event_id"] != ids[2] {
 			t.Fatalf("context event %v", ev)
 		}
-		expectEvents(t, "events_before", list(c["events_before"]), "m.room.message|m2", "m.room.message|m1")
-		expectEvents(t, "events_after", list(c["events_after"]), "m.room.message|m4", "m.room.message|m5", "m.room.message|m6")
-		for _, st := range list(c["state"]) {
+		expectEvents(t, "events_before", eventList(t, c["events_before"]), "m.room.message|m2", "m.room.message|m1")
+		expectEvents(t, "events_after", eventList(t, c["events_after"]), "m.room.message|m4", "m.room.message|m5", "m.room.message|m6")
+		for _, st := range eventList(t, c["state"]) {
 			if st == "m.room.topic|" {
-				t.Fatalf("the state after m6 has the topic set after it: %q", list(c["state"]))
+				t.Fatalf("the state after m6 has the topic set after it: %q", eventList(t, c["state"]))
 			}
 		}
-		if len(list(c["state"])) < 5 {
-			t.Fatalf("state %q", list(c["state"]))
+		if len(eventList(t, c["state"])) < 5 {
+			t.Fatalf("state %q", eventList(t, c["state"]))
 		}
 
 		// The tokens continue with /messages: back from start, forward
@@ -324,8 +328,8 @@ func TestRoomContext(t *testing.T) {
 
 		// A filter applies to the events around.
 		c = srv.Must(t, "GET", roomPath(roomID, "/context/"+url.PathEscape(ids[5])+"?limit=4&filter="+url.QueryEscape(`{"not_types":["m.room.topic"]}`)), alice.Token, nil)
-		expectEvents(t, "filtered after", list(c["events_after"]))
-		expectEvents(t, "filtered before", list(c["events_before"]), "m.room.message|m5", "m.room.message|m4")
+		expectEvents(t, "filtered after", eventList(t, c["events_after"]))
+		expectEvents(t, "filtered before", eventList(t, c["events_before"]), "m.room.message|m5", "m.room.message|m4")
 
 		// Errors: an unknown event, an event of another room, a
 		// non-member, a bad limit.
