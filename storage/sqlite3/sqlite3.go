@@ -111,7 +111,13 @@ func open(uri string, p pacing) (*DB, error) {
 		ConnectHook: func(c *sqlite3.SQLiteConn) error {
 			// The checkpointer does it (see checkpointer). When the log
 			// starts over, SQLite cuts its file back to this size.
-			_, err := c.Exec("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = "+strconv.Itoa(p.restartPages*4096), nil)
+			// Statement journals stay in memory: a write transaction
+			// journals the pages each of its statements changes, so that
+			// the statement alone can be undone, and SQLite otherwise
+			// spills them to a temporary file past 64 KiB, which a batch of
+			// room messages reached at every commit (a third of the
+			// daemon's file writes under a message load).
+			_, err := c.Exec("PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = "+strconv.Itoa(p.restartPages*4096)+"; PRAGMA temp_store = MEMORY", nil)
 			return err
 		},
 	}})
