@@ -110,21 +110,23 @@ func postgresCPU(dataDir string) (time.Duration, error) {
 	return time.Duration(ticks) * clockTick, nil
 }
 
-// cpuMeter reads the CPU time of what the tool measures: the daemons and
-// the local PostgreSQL, each when the tool was told where they are.
+// cpuMeter reads the CPU time of what the tool measures, the daemons and
+// the local PostgreSQL, each when the tool was told where they are, and
+// the tool's own: on one machine, what the tool spends the daemons lack.
 type cpuMeter struct {
 	pids         []int
 	postgresData string
 }
 
 // cpuSample is one reading; a negative time was not measured.
-type cpuSample struct{ daemons, postgres time.Duration }
-
-func (m cpuMeter) enabled() bool { return len(m.pids) > 0 || m.postgresData != "" }
+type cpuSample struct{ daemons, postgres, tool time.Duration }
 
 func (m cpuMeter) read() (cpuSample, error) {
 	s := cpuSample{daemons: -1, postgres: -1}
 	var err error
+	if s.tool, err = processesCPU([]int{os.Getpid()}); err != nil {
+		return s, fmt.Errorf("the tool's CPU: %w", err)
+	}
 	if len(m.pids) > 0 {
 		if s.daemons, err = processesCPU(m.pids); err != nil {
 			return s, fmt.Errorf("daemon CPU: %w", err)

@@ -270,22 +270,18 @@ func printResults(out io.Writer, results []phaseResult, o options) {
 		empty += r.empty
 	}
 	fmt.Fprintf(out, "claims that found no key (not in requests or req/s): %d\n", empty)
-	if len(o.pids) > 0 || o.postgresData != "" {
-		printCPU(out, results, len(o.pids))
-	}
+	printCPU(out, results, len(o.pids))
 }
 
 // do sends a JSON request (a value to encode, or []byte sent as it is) and
 // decodes a 200 answer.
 func (b *bench) do(ctx context.Context, base, method, path, token string, body, out any) error {
+	js, err := encodeBody(body)
+	if err != nil {
+		return err
+	}
 	var rd io.Reader
-	if raw, ok := body.([]byte); ok {
-		rd = bytes.NewReader(raw)
-	} else if body != nil {
-		js, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
+	if js != nil {
 		rd = bytes.NewReader(js)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(base, "/")+path, rd)
@@ -305,13 +301,48 @@ func (b *bench) do(ctx context.Context, base, method, path, token string, body, 
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode == http.StatusTooManyRequests && (strings.HasSuffix(path, "/register") || strings.HasSuffix(path, "/login")) {
+	return answer(method, path, resp.StatusCode, raw, out)
+}
+
+// send is a phase's request: on the client's own connection (conn.go).
+func (c *client) send(ctx context.Context, method, path, token string, body, out any) error {
+	js, err := encodeBody(body)
+	if err != nil {
+		return err
+	}
+	if c.conn == nil {
+		if c.conn, err = newClientConn(c.url, nil); err != nil {
+			return err
+		}
+	}
+	status, raw, err := c.conn.do(ctx, method, path, token, js)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return answer(method, path, status, raw, out)
+}
+
+// encodeBody is a request's body: raw bytes as they are, anything else
+// as JSON, nil for none.
+func encodeBody(body any) ([]byte, error) {
+	if raw, ok := body.([]byte); ok {
+		return raw, nil
+	}
+	if body == nil {
+		return nil, nil
+	}
+	return json.Marshal(body)
+}
+
+// answer checks an answer's status and decodes its body into out.
+func answer(method, path string, status int, raw []byte, out any) error {
+	if status == http.StatusTooManyRequests && (strings.HasSuffix(path, "/register") || strings.HasSuffix(path, "/login")) {
 		return fmt.Errorf("%s %s: %d %s (set-up registers and logs in every user from one address: start the daemon "+
 			"with --client-api-registration-rate-limit-per-second 0 --client-api-login-rate-limit-per-second 0, as scripts/bench.sh does)",
-			method, path, resp.StatusCode, bytes.TrimSpace(raw))
+			method, path, status, bytes.TrimSpace(raw))
 	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(raw))
+	if status != http.StatusOK {
+		return fmt.Errorf("%s %s: %d %s", method, path, status, bytes.TrimSpace(raw))
 	}
 	if out != nil {
 		return json.Unmarshal(raw, out)
@@ -470,8 +501,9 @@ func (b *bench) setupUser(ctx context.Context, base, name string) ([]*device, er
 // client is one of a phase's concurrent clients: its random source and
 // the server it sends to.
 type client struct {
-	rng *mrand.Rand
-	url string
+	rng  *mrand.Rand
+	url  string
+	conn *clientConn // made at the client's first request
 }
 
 // op is one request of a phase, by a client.
@@ -510,7 +542,7 @@ func (b *bench) query(ctx context.Context, c *client) error {
 	if sample {
 		out = &r
 	}
-	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/query", d.token, map[string]any{"device_keys": users}, out); err != nil {
+	if err := c.send(ctx, "POST", "/_matrix/client/v3/keys/query", d.token, map[string]any{"device_keys": users}, out); err != nil {
 		return err
 	}
 	if sample { // check every signature of this answer
@@ -550,7 +582,7 @@ func (b *bench) claim(ctx context.Context, c *client) error {
 	var r struct {
 		OneTimeKeys map[string]map[string]map[string]json.RawMessage `json:"one_time_keys"`
 	}
-	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/claim", claimer.token, map[string]any{
+	if err := c.send(ctx, "POST", "/_matrix/client/v3/keys/claim", claimer.token, map[string]any{
 		"one_time_keys": map[string]any{target.userID: map[string]string{target.deviceID: "signed_curve25519"}}}, &r); err != nil {
 		return err
 	}
@@ -701,7 +733,7 @@ type uploadCounts struct {
 func (b *bench) uploadKeys(ctx context.Context, c *client) error {
 	d, reserved := b.deviceWithRoom(c.rng, b.o.upload)
 	var counts uploadCounts
-	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
+	if err := c.send(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
 		if reserved {
 			d.unclaimed.Add(-int64(b.o.upload)) // the keys did not go in
 		}
@@ -734,14 +766,14 @@ type phaseResult struct {
 	rate             float64
 	p50, p90, p99    float64 // milliseconds
 	// CPU time per request answered (empty claims included) in µs, of the
-	// daemons and of PostgreSQL; -1 when not measured.
-	daemonCPU, postgresCPU float64
+	// daemons, of PostgreSQL and of the tool; -1 when not measured.
+	daemonCPU, postgresCPU, toolCPU float64
 }
 
 // printCPU prints the CPU time per request of each phase.
 func printCPU(out io.Writer, results []phaseResult, daemons int) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "phase\tdaemon CPU µs/req (%d)\tPostgreSQL CPU µs/req\t\n", daemons)
+	fmt.Fprintf(tw, "phase\tdaemon CPU µs/req (%d)\tPostgreSQL CPU µs/req\ttool CPU µs/req\t\n", daemons)
 	us := func(v float64) string {
 		if v < 0 {
 			return "-"
@@ -749,7 +781,7 @@ func printCPU(out io.Writer, results []phaseResult, daemons int) {
 		return fmt.Sprintf("%.0f", v)
 	}
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", r.name, us(r.daemonCPU), us(r.postgresCPU))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", r.name, us(r.daemonCPU), us(r.postgresCPU), us(r.toolCPU))
 	}
 	tw.Flush()
 }
@@ -775,6 +807,11 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 		go func() {
 			defer wg.Done()
 			cl := &client{rng: mrand.New(mrand.NewPCG(b.o.seed, uint64(c)+uint64(len(name))<<32)), url: b.o.urls[c%len(b.o.urls)]}
+			defer func() {
+				if cl.conn != nil {
+					cl.conn.close()
+				}
+			}()
 			for timeUp.Err() == nil {
 				t := time.Now()
 				err := op(ctx, cl)
@@ -834,7 +871,8 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), empty: int(empty.Load()),
 		rate: float64(len(all)) / elapsed.Seconds(), p50: pct(0.50), p90: pct(0.90), p99: pct(0.99),
 		daemonCPU:   perRequest(cpuBefore.daemons, cpuAfter.daemons, answered),
-		postgresCPU: perRequest(cpuBefore.postgres, cpuAfter.postgres, answered)}, nil
+		postgresCPU: perRequest(cpuBefore.postgres, cpuAfter.postgres, answered),
+		toolCPU:     perRequest(cpuBefore.tool, cpuAfter.tool, answered)}, nil
 }
 
 // serveFixed answers the workload's requests with fixed bodies and no

@@ -54,15 +54,14 @@ func (b *bench) createRoom(ctx context.Context, base string, d *device) (string,
 }
 
 func (b *bench) roomCreate(ctx context.Context, c *client) error {
-	_, err := b.createRoom(ctx, c.url, b.devices[c.rng.IntN(len(b.devices))])
-	return err
+	return c.send(ctx, "POST", "/_matrix/client/v3/createRoom", b.devices[c.rng.IntN(len(b.devices))].token, map[string]any{"preset": "public_chat"}, nil)
 }
 
 func (b *bench) roomJoin(ctx context.Context, c *client) error {
 	rng := c.rng
 	d := b.devices[rng.IntN(len(b.devices))]
 	room := b.pool.rooms[rng.IntN(len(b.pool.rooms))]
-	if err := b.do(ctx, c.url, "POST", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/join", d.token, map[string]any{}, nil); err != nil {
+	if err := c.send(ctx, "POST", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/join", d.token, map[string]any{}, nil); err != nil {
 		return err
 	}
 	b.pool.mu.Lock()
@@ -79,6 +78,6 @@ func (b *bench) roomSend(ctx context.Context, c *client) error {
 	d := members[rng.IntN(len(members))]
 	b.pool.mu.Unlock()
 	txn := fmt.Sprintf("bench%d", b.pool.txn.Add(1))
-	return b.do(ctx, c.url, "PUT", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/send/m.room.message/"+txn, d.token,
+	return c.send(ctx, "PUT", "/_matrix/client/v3/rooms/"+url.PathEscape(room)+"/send/m.room.message/"+txn, d.token,
 		map[string]any{"msgtype": "m.text", "body": "hello " + txn}, nil)
 }
