@@ -1,6 +1,7 @@
 package roomserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -242,9 +243,11 @@ func inviteContent(direct bool) map[string]any {
 	return content
 }
 
+// isObject says whether raw is one JSON object: valid JSON whose first
+// byte past any white space opens an object (one scan, no decoding).
 func isObject(raw json.RawMessage) bool {
-	var m map[string]json.RawMessage
-	return json.Unmarshal(raw, &m) == nil && m != nil
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	return len(t) > 0 && t[0] == '{' && json.Valid(raw)
 }
 
 func (s *Service) isLocalUser(userID string) bool {
