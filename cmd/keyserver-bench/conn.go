@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -28,9 +30,11 @@ type clientConn struct {
 	addr   string      // host:port to dial
 	tls    *tls.Config // for https, else nil
 	prefix string      // the base URL's path, before each request's
-	nc     net.Conn
-	br     *bufio.Reader
-	buf    []byte // the request being written
+	// timeout bounds one request (requestTimeout).
+	timeout time.Duration
+	nc      net.Conn
+	br      *bufio.Reader
+	buf     []byte // the request being written
 }
 
 // newClientConn is a connection to base, made at its first request;
@@ -40,7 +44,7 @@ func newClientConn(base string, tlsConf *tls.Config) (*clientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &clientConn{host: u.Host, addr: u.Host, prefix: u.EscapedPath()}
+	c := &clientConn{host: u.Host, addr: u.Host, prefix: u.EscapedPath(), timeout: requestTimeout}
 	switch u.Scheme {
 	case "http":
 		if u.Port() == "" {
@@ -70,8 +74,10 @@ func newClientConn(base string, tlsConf *tls.Config) (*clientConn, error) {
 const requestTimeout = 30 * time.Second
 
 // do sends one request and returns the answer's status and body. A
-// connection the server closed while idle is redialled and the request
-// sent again, once, when nothing of an answer had come back.
+// kept-alive connection the server had closed (the request found it shut,
+// and no answer came) is made again and the request sent on it, once; a
+// request that timed out is not sent again. A cancelled ctx ends the
+// request under way.
 func (c *clientConn) do(ctx context.Context, method, path, token string, body []byte) (int, []byte, error) {
 	for attempt := 0; ; attempt++ {
 		reused := c.nc != nil
@@ -80,19 +86,34 @@ func (c *clientConn) do(ctx context.Context, method, path, token string, body []
 				return 0, nil, err
 			}
 		}
+		stop := func() bool { return false }
+		if ctx.Done() != nil {
+			nc := c.nc
+			stop = context.AfterFunc(ctx, func() { nc.SetDeadline(time.Now()) })
+		}
 		status, raw, answered, err := c.roundTrip(method, path, token, body)
+		stop()
 		if err == nil {
 			return status, raw, nil
 		}
 		c.close()
-		if !reused || answered || attempt > 0 || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			return 0, nil, ctx.Err()
+		}
+		if !reused || answered || attempt > 0 || !closedByServer(err) {
 			return 0, nil, err
 		}
 	}
 }
 
+// closedByServer says whether err is a connection the other side had shut.
+func closedByServer(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
 func (c *clientConn) dial(ctx context.Context) error {
-	d := net.Dialer{Timeout: requestTimeout}
+	d := net.Dialer{Timeout: c.timeout}
 	nc, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
 		return err
@@ -141,7 +162,7 @@ func (c *clientConn) roundTrip(method, path, token string, body []byte) (status 
 		b = append(b, "\r\n"...)
 	}
 	c.buf = b
-	if err := c.nc.SetDeadline(time.Now().Add(requestTimeout)); err != nil {
+	if err := c.nc.SetDeadline(time.Now().Add(c.timeout)); err != nil {
 		return 0, nil, false, err
 	}
 	if _, err := c.nc.Write(b); err != nil {

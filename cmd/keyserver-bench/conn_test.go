@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // echoServer answers each request with what it received, counting the
@@ -106,6 +108,51 @@ func TestClientConnRedials(t *testing.T) {
 	srv.Close()
 	if _, _, err := c.do(context.Background(), "POST", "/d", "", nil); err == nil {
 		t.Fatal("a request to a server that is gone succeeded")
+	}
+}
+
+// A request that times out, or whose context is cancelled, ends with an
+// error and is not sent again.
+func TestClientConnDoesNotResendWhatTimedOut(t *testing.T) {
+	var arrived atomic.Int64
+	release := make(chan struct{})
+	slow := make(chan struct{}, 2) // one for each slow request that arrives
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		if r.URL.Path == "/slow" {
+			slow <- struct{}{}
+			<-release
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	c, err := newClientConn(srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	c.timeout = 200 * time.Millisecond
+	if _, _, err := c.do(context.Background(), "POST", "/fast", "", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.do(context.Background(), "POST", "/slow", "", []byte("{}")); err == nil {
+		t.Fatal("a request with no answer within its timeout succeeded")
+	}
+	if n := arrived.Load(); n != 2 {
+		t.Fatalf("%d requests arrived, want 2: the one that timed out was sent again", n)
+	}
+	c.timeout = time.Minute
+	ctx, cancel := context.WithCancel(context.Background())
+	<-slow // the request that timed out
+	go func() {
+		<-slow // this one
+		cancel()
+	}()
+	if _, _, err := c.do(ctx, "POST", "/slow", "", []byte("{}")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled request: %v", err)
+	}
+	if n := arrived.Load(); n != 3 {
+		t.Fatalf("%d requests arrived, want 3", n)
 	}
 }
 
