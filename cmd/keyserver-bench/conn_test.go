@@ -50,7 +50,7 @@ func TestClientConnKeepsOneConnection(t *testing.T) {
 	for _, secure := range []bool{false, true} {
 		t.Run(fmt.Sprint("tls=", secure), func(t *testing.T) {
 			srv, conns := echoServer(t, secure)
-			var conf = srv.Client().Transport.(*http.Transport).TLSClientConfig
+			conf := srv.Client().Transport.(*http.Transport).TLSClientConfig
 			c, err := newClientConn(srv.URL+"/base/", conf)
 			if err != nil {
 				t.Fatal(err)

@@ -45,16 +45,19 @@ func (b *bench) setupRooms(ctx context.Context) error {
 	return nil
 }
 
+// publicRoom is the body of the tool's /createRoom requests.
+var publicRoom = map[string]any{"preset": "public_chat"}
+
 func (b *bench) createRoom(ctx context.Context, base string, d *device) (string, error) {
 	var r struct {
 		RoomID string `json:"room_id"`
 	}
-	err := b.do(ctx, base, "POST", "/_matrix/client/v3/createRoom", d.token, map[string]any{"preset": "public_chat"}, &r)
+	err := b.do(ctx, base, "POST", "/_matrix/client/v3/createRoom", d.token, publicRoom, &r)
 	return r.RoomID, err
 }
 
 func (b *bench) roomCreate(ctx context.Context, c *client) error {
-	return c.send(ctx, "POST", "/_matrix/client/v3/createRoom", b.devices[c.rng.IntN(len(b.devices))].token, map[string]any{"preset": "public_chat"}, nil)
+	return c.send(ctx, "POST", "/_matrix/client/v3/createRoom", b.devices[c.rng.IntN(len(b.devices))].token, publicRoom, nil)
 }
 
 func (b *bench) roomJoin(ctx context.Context, c *client) error {
