@@ -11,9 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -86,8 +84,7 @@ func benchmarkSend(b *testing.B, db testutil.Database) {
 	b.SetParallelism(8) // 16 goroutines on 2 cores
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := cpuTime()
-	defer func() { b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(b.N), "cpu-µs/op") }()
+	defer testutil.ReportCPUPerOp(b)()
 	b.RunParallel(func(pb *testing.PB) {
 		id := <-ids
 		for pb.Next() {
@@ -98,12 +95,4 @@ func benchmarkSend(b *testing.B, db testutil.Database) {
 			}
 		}
 	})
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -110,8 +109,7 @@ func BenchmarkClaimKeysConcurrent(b *testing.B) {
 		var next atomic.Int64
 		b.SetParallelism(8) // 16 goroutines on 2 cores
 		b.ResetTimer()
-		start := cpuTime()
-		defer func() { b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(b.N), "cpu-µs/op") }()
+		defer testutil.ReportCPUPerOp(b)()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				i := next.Add(1)
@@ -152,15 +150,6 @@ func BenchmarkUploadFiveKeys(b *testing.B) {
 	})
 }
 
-// cpuTime is the CPU time the process has used, user and system.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // Room messages from 16 clients at once, each to a room of its own, as
 // roomserver writes them (built on the room's head, with the client's
 // transaction, queued for federation): the storage part of the room-send
@@ -197,8 +186,7 @@ func BenchmarkRoomMessagesConcurrent(b *testing.B) {
 		var n atomic.Int64
 		b.SetParallelism(8) // 16 goroutines on 2 cores
 		b.ResetTimer()
-		start := cpuTime()
-		defer func() { b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(b.N), "cpu-µs/op") }()
+		defer testutil.ReportCPUPerOp(b)()
 		b.RunParallel(func(pb *testing.PB) {
 			r := <-rooms
 			for pb.Next() {
