@@ -53,11 +53,15 @@ func (s *Store) newMemberList(all []roomMember) memberList {
 // written on the same state (every message) finds the room's members
 // without reading them again. Lists are kept only once their transaction
 // committed: a snapshot number of a rolled-back transaction may be used
-// again (SQLite).
+// again (SQLite). A room has one list in the cache, of the snapshot last
+// read: once a room's state has changed, events are built on the new
+// one, and older lists would only lengthen every garbage collection's
+// marking.
 type memberCache struct {
 	mu      sync.Mutex
 	lists   map[int64]memberList
-	members int // members in lists, bounded by maxCachedMembers
+	current map[string]int64 // room -> its snapshot in lists
+	members int              // members in lists, bounded by maxCachedMembers
 }
 
 // maxCachedMembers bounds the cache; when it is full it starts over.
@@ -98,14 +102,26 @@ func (s *Store) txRoomMembers(ctx context.Context, tx *txn, roomID string, snaps
 		tx.onCommit(func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if c.lists == nil || c.members+len(all) > maxCachedMembers {
-				c.lists, c.members = map[int64]memberList{}, 0
-			}
-			c.lists[snapshot] = list
-			c.members += len(all)
+			c.put(roomID, snapshot, list)
 		})
 	}
 	return list, nil
+}
+
+// put keeps list as the members of a room's snapshot, in place of the
+// room's list before it; mu is held.
+func (c *memberCache) put(roomID string, snapshot int64, list memberList) {
+	old, ok := c.current[roomID]
+	if ok {
+		c.members -= len(c.lists[old].all)
+		delete(c.lists, old)
+	}
+	if c.lists == nil || c.members+len(list.all) > maxCachedMembers {
+		c.lists, c.current, c.members = map[int64]memberList{}, map[string]int64{}, 0
+	}
+	c.lists[snapshot] = list
+	c.current[roomID] = snapshot
+	c.members += len(list.all)
 }
 
 // concernLocalMembers tells the stream that a write concerns the local
