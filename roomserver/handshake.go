@@ -77,33 +77,17 @@ func fromSpec(err error) error {
 
 // localServerInRoom reports whether a user of this server is joined.
 func (s *Service) localServerInRoom(ctx context.Context, roomID string) (bool, error) {
-	state, err := s.db.RoomCurrentState(ctx, roomID)
+	servers, err := s.db.RoomJoinedServers(ctx, roomID)
 	if err != nil {
 		return false, err
 	}
-	for _, ev := range state {
-		if ev.Type == spec.MRoomMember && ev.Membership == spec.Join && ev.StateKey != nil && s.isLocalUser(*ev.StateKey) {
-			return true, nil
-		}
-	}
-	return false, nil
+	_, found := slices.BinarySearch(servers, s.opts.ServerName)
+	return found, nil
 }
 
-// joinedServers lists the servers with a user joined to a room.
+// joinedServers lists the servers with a user joined to a room, sorted.
 func (s *Service) joinedServers(ctx context.Context, roomID string) ([]string, error) {
-	state, err := s.db.RoomCurrentState(ctx, roomID)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, ev := range state {
-		if ev.Type == spec.MRoomMember && ev.Membership == spec.Join && ev.StateKey != nil {
-			if server := matrixid.Server(*ev.StateKey); server != "" && !slices.Contains(out, server) {
-				out = append(out, server)
-			}
-		}
-	}
-	return out, nil
+	return s.db.RoomJoinedServers(ctx, roomID)
 }
 
 // querier answers gomatrixserverlib's questions about rooms.

@@ -98,6 +98,7 @@ type Store interface {
 	StartRoomWrite(ctx context.Context, w storage.RoomWrite) func() (storage.RoomWriteResult, error)
 	Room(ctx context.Context, roomID string) (storage.Room, error)
 	RoomCurrentState(ctx context.Context, roomID string) ([]storage.RoomEvent, error)
+	RoomJoinedServers(ctx context.Context, roomID string) ([]string, error)
 	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 	RoomStateBefore(ctx context.Context, eventID string) ([]storage.RoomEvent, error)
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -425,6 +426,27 @@ func (s *Store) RoomCurrentState(ctx context.Context, roomID string) (_ []storag
 	defer named("RoomCurrentState", &err)
 	return s.roomEvents(ctx, `SELECT `+roomEventColumns+` FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
 		WHERE c.room_id = $1 ORDER BY e.event_nid`, roomID)
+}
+
+// RoomJoinedServers returns the servers with a user joined to a room in
+// its current state, sorted: read from the members' rows alone, not their
+// events (a join asks whether this server is in the room, and the room may
+// have thousands of members).
+func (s *Store) RoomJoinedServers(ctx context.Context, roomID string) (_ []string, err error) {
+	defer named("RoomJoinedServers", &err)
+	users, err := s.userList(ctx, `SELECT state_key FROM room_current_state
+		WHERE room_id = $1 AND event_type = 'm.room.member' AND membership = 'join'`, roomID)
+	if err != nil {
+		return nil, err
+	}
+	servers := []string{}
+	for _, u := range users {
+		if server := matrixid.Server(u); server != "" {
+			servers = append(servers, server)
+		}
+	}
+	slices.Sort(servers)
+	return slices.Compact(servers), nil
 }
 
 // RoomStateEvents returns the events of a room's current state with the

@@ -306,3 +306,43 @@ func TestStateAfterFilledByMigration15(t *testing.T) {
 		}
 	})
 }
+
+// The servers of a room are those with a user joined in its current
+// state: not those only invited, nor those whose users left; each once,
+// sorted.
+func TestRoomJoinedServers(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		empty, a, b, c, d, e := "", "@a:x", "@b:z.example", "@c:z.example", "@d:y.example", "@e:w.example"
+		events := []storage.RoomEvent{
+			roomEvent("$create", "m.room.create", &empty, "", 1),
+			roomEvent("$a", "m.room.member", &a, "join", 2),
+			roomEvent("$b", "m.room.member", &b, "join", 3),
+			roomEvent("$c", "m.room.member", &c, "join", 4),
+			roomEvent("$d", "m.room.member", &d, "invite", 5),
+			roomEvent("$e", "m.room.member", &e, "join", 6),
+			roomEvent("$e2", "m.room.member", &e, "leave", 7),
+		}
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{Create: &storage.Room{RoomID: "!r:x", RoomVersion: "10", Creator: a},
+			RoomID: "!r:x", Events: events}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.RoomJoinedServers(ctx, "!r:x")
+		if want := []string{"x", "z.example"}; err != nil || !slices.Equal(got, want) {
+			t.Fatalf("joined servers %v (%v), want %v", got, err, want)
+		}
+		// a leaves: x is no longer in the room.
+		if _, err := s.WriteRoomEvents(ctx, storage.RoomWrite{RoomID: "!r:x", Extremities: []string{"$e2"},
+			Events: []storage.RoomEvent{roomEvent("$a2", "m.room.member", &a, "leave", 8)}}); err != nil {
+			t.Fatal(err)
+		}
+		got, err = s.RoomJoinedServers(ctx, "!r:x")
+		if want := []string{"z.example"}; err != nil || !slices.Equal(got, want) {
+			t.Fatalf("after the leave: %v (%v), want %v", got, err, want)
+		}
+		if got, err := s.RoomJoinedServers(ctx, "!unknown:x"); err != nil || len(got) != 0 {
+			t.Fatalf("an unknown room: %v (%v)", got, err)
+		}
+	})
+}
