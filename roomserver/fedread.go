@@ -283,11 +283,11 @@ func (s *Service) eventsOfRoom(ctx context.Context, roomID string, ids []string)
 // mayRead checks that origin may read the room's events at the given
 // events (see the rule at the top of this file): 403 M_FORBIDDEN if not.
 func (s *Service) mayRead(ctx context.Context, origin, roomID string, at []storage.RoomEvent) error {
-	current, err := s.db.RoomCurrentState(ctx, roomID)
+	current, err := s.db.RoomJoinedServers(ctx, roomID)
 	if err != nil {
 		return err
 	}
-	if serversJoinedIn(current)[origin] {
+	if _, in := slices.BinarySearch(current, origin); in {
 		return nil
 	}
 	// A server that is not in the room cannot make us load the state
