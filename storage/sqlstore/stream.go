@@ -152,18 +152,24 @@ func (s *Store) txSetMembership(ctx context.Context, tx *txn, roomID, userID, me
 	if local {
 		tx.concern(userID)
 	}
-	// The remote users whose tracking this may change: the room's remote
-	// members when a local user moved, else the user who moved.
-	candidates := []string{userID}
-	if local {
-		if candidates, err = s.txUserList(ctx, tx, `SELECT user_id FROM memberships
-			WHERE room_id = $1 AND membership IN ('join', 'invite') AND user_id NOT LIKE $2`, roomID, s.localPattern()); err != nil {
+	// Whose tracking this changes: when a local user moved, the room's
+	// remote members (each query one statement, however many: a join to a
+	// large federated room must not cost two statements a member while
+	// the write holds the stream); else the remote user who moved.
+	sharing := membership != storage.MembershipLeave
+	var start, stop []string
+	switch {
+	case local && sharing:
+		// Every remote member of the room now shares it with userID.
+		if start, err = s.txUserList(ctx, tx, untrackedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
 			return nil, err
 		}
-	}
-	sharing := membership != storage.MembershipLeave
-	for _, u := range candidates {
-		shares, err := s.txSharesRoomWithLocal(ctx, tx, u)
+	case local:
+		if stop, err = s.txUserList(ctx, tx, unsharedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
+			return nil, err
+		}
+	default:
+		shares, err := s.txSharesRoomWithLocal(ctx, tx, userID)
 		if err != nil {
 			return nil, err
 		}
@@ -171,27 +177,60 @@ func (s *Store) txSetMembership(ctx context.Context, tx *txn, roomID, userID, me
 			var tracked int
 			if err := tx.QueryRowContext(ctx, `SELECT
 				(SELECT COUNT(*) FROM remote_device_lists WHERE user_id = $1) + (SELECT COUNT(*) FROM stale_device_lists WHERE user_id = $1)`,
-				u).Scan(&tracked); err != nil {
+				userID).Scan(&tracked); err != nil {
 				return nil, err
 			}
 			if tracked == 0 {
-				server := u[strings.IndexByte(u, ':')+1:]
-				if err := markStale(ctx, tx, u, server, now, 0); err != nil {
-					return nil, err
-				}
-				newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: server})
+				start = []string{userID}
 			}
 		}
 		if !sharing && !shares {
-			for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
-				if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id = $1`, u); err != nil {
-					return nil, err
-				}
+			stop = []string{userID}
+		}
+	}
+	for _, u := range start {
+		server := u[strings.IndexByte(u, ':')+1:]
+		if err := markStale(ctx, tx, u, server, now, 0); err != nil {
+			return nil, err
+		}
+		newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: server})
+	}
+	// Their server stops sending us their changes: what we hold of them goes.
+	for len(stop) > 0 {
+		n := min(len(stop), maxUsersPerStatement)
+		ids := make([]any, n)
+		for i, u := range stop[:n] {
+			ids[i] = u
+		}
+		for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id IN (`+placeholders(1, n)+`)`, ids...); err != nil {
+				return nil, err
 			}
 		}
+		stop = stop[n:]
 	}
 	return newlyStale, nil
 }
+
+// untrackedRemoteMembersQuery lists the remote users joined to or invited
+// into room $1 (users not matching the local pattern $2) whose device
+// lists are neither cached nor waiting to be fetched.
+const untrackedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
+	AND NOT EXISTS (SELECT 1 FROM remote_device_lists r WHERE r.user_id = m.user_id)
+	AND NOT EXISTS (SELECT 1 FROM stale_device_lists st WHERE st.user_id = m.user_id)`
+
+// unsharedRemoteMembersQuery lists the remote users joined to or invited
+// into room $1 who share no room with a user matching the local pattern
+// $2.
+const unsharedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
+	AND NOT EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
+		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)`
+
+// maxUsersPerStatement bounds the users one statement names.
+const maxUsersPerStatement = 500
 
 func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *txn, userID string) (bool, error) {
 	var n int

@@ -1,0 +1,112 @@
+package sqlstore_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
+)
+
+// A local user's join starts tracking the room's remote members not yet
+// tracked (joined or invited, not those who left); their leave stops
+// tracking those who then share no room with a local user, and only them.
+// A remote user's own moves start and stop their tracking the same way.
+func TestMembershipStartsAndStopsTrackingRemoteMembers(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		set := func(room, user, membership string) []string {
+			t.Helper()
+			res, err := s.SetMembership(ctx, room, user, membership, 1)
+			if err != nil {
+				t.Fatalf("%s %s %s: %v", user, membership, room, err)
+			}
+			var stale []string
+			for _, u := range res.NewlyStale {
+				stale = append(stale, u.UserID)
+			}
+			slices.Sort(stale)
+			return stale
+		}
+		tracked := func() []string {
+			t.Helper()
+			due, err := s.DueStaleUsers(ctx, 1<<62, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, u := range due {
+				out = append(out, u.UserID)
+			}
+			slices.Sort(out)
+			return out
+		}
+		expect := func(what string, got []string, want ...string) {
+			t.Helper()
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s: %v, want %v", what, got, want)
+			}
+		}
+		const l1, l2, r1, r2, r3, r4 = "@l1:x", "@l2:x", "@r1:a.example", "@r2:b.example", "@r3:c.example", "@r4:d.example"
+
+		// r2 shares !other with l2: tracked.
+		set("!other:x", l2, storage.MembershipJoin)
+		expect("r2 joins l2's room", set("!other:x", r2, storage.MembershipJoin), r2)
+		// Remote users alone in a room are not tracked.
+		set("!big:x", r1, storage.MembershipJoin)
+		set("!big:x", r2, storage.MembershipJoin)
+		set("!big:x", r3, storage.MembershipInvite)
+		set("!big:x", r4, storage.MembershipJoin)
+		expect("r4 leaves before any local user joins", set("!big:x", r4, storage.MembershipLeave))
+		expect("tracked before l1 joins", tracked(), r2)
+
+		expect("l1 joins", set("!big:x", l1, storage.MembershipJoin), r1, r3)
+		expect("tracked after l1 joins", tracked(), r1, r2, r3)
+
+		expect("l1 leaves", set("!big:x", l1, storage.MembershipLeave))
+		expect("tracked after l1 leaves: r2 still shares a room with l2", tracked(), r2)
+
+		// A remote user's own join to a room with a local user, and leave.
+		expect("r4 joins l2's room", set("!other:x", r4, storage.MembershipJoin), r4)
+		expect("r4 leaves l2's room", set("!other:x", r4, storage.MembershipLeave))
+		expect("tracked at the end", tracked(), r2)
+	})
+}
+
+// A local user's join or leave costs as many statements in a room of 30
+// remote members as in a room of 3: the remote members' tracking is
+// worked out by one query, not one per member.
+func TestLocalMoveStatementsDoNotGrowWithRemoteMembers(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		set := func(room, user, membership string) {
+			t.Helper()
+			if _, err := s.SetMembership(ctx, room, user, membership, 1); err != nil {
+				t.Fatalf("%s %s %s: %v", user, membership, room, err)
+			}
+		}
+		set("!other:x", "@l2:x", storage.MembershipJoin)
+		for i := range 30 {
+			u := "@r" + string(rune('a'+i%26)) + string(rune('0'+i/26)) + ":remote" + string(rune('a'+i%26)) + ".example"
+			set("!other:x", u, storage.MembershipJoin) // tracked: shares !other with l2
+			if i < 3 {
+				set("!small:x", u, storage.MembershipJoin)
+			}
+			set("!large:x", u, storage.MembershipJoin)
+		}
+		cost := func(room, membership string) int64 {
+			before := s.StatementsSent()
+			set(room, "@l1:x", membership)
+			return s.StatementsSent() - before
+		}
+		if small, large := cost("!small:x", storage.MembershipJoin), cost("!large:x", storage.MembershipJoin); small != large {
+			t.Errorf("a join cost %d statements with 3 remote members, %d with 30", small, large)
+		}
+		if small, large := cost("!small:x", storage.MembershipLeave), cost("!large:x", storage.MembershipLeave); small != large {
+			t.Errorf("a leave cost %d statements with 3 remote members, %d with 30", small, large)
+		}
+	})
+}
