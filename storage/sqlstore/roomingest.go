@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/keyserver/keyserver/storage"
@@ -250,6 +251,8 @@ func (s *Store) txMoveCurrentState(ctx context.Context, tx *txn, roomID string, 
 			return err
 		}
 	}
+	var moves []memberMove
+	var rowValues []any // the new keys' rows, 6 values each
 	for _, c := range changes {
 		membership := storage.MembershipLeave
 		if !c.nid.Valid {
@@ -263,12 +266,7 @@ func (s *Store) txMoveCurrentState(ctx context.Context, tx *txn, roomID string, 
 				membership = membershipOf(c.json)
 				m = membership
 			}
-			if _, err := tx.ExecContext(ctx, `
-				INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos) VALUES ($1, $2, $3, $4, $5, $6)
-				ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership, pos = excluded.pos`,
-				roomID, c.evType, c.stateKey, c.nid.Int64, m, pos); err != nil {
-				return err
-			}
+			rowValues = append(rowValues, roomID, c.evType, c.stateKey, c.nid.Int64, m, pos)
 		}
 		if c.evType != "m.room.member" {
 			continue
@@ -282,11 +280,23 @@ func (s *Store) txMoveCurrentState(ctx context.Context, tx *txn, roomID string, 
 		if local {
 			tx.concern(c.stateKey)
 		}
-		stale, err := s.txSetMembership(ctx, tx, roomID, c.stateKey, deviceListMembership(membership), now)
-		if err != nil {
+		moves = append(moves, memberMove{c.stateKey, deviceListMembership(membership)})
+	}
+	// Many rows a statement: joining a large room brings thousands of
+	// members, written while the write holds the stream's counter.
+	for chunk := range slices.Chunk(rowValues, 6*(maxUsersPerStatement/6)) {
+		rows := make([]string, 0, len(chunk)/6)
+		for i := 0; i < len(chunk); i += 6 {
+			rows = append(rows, "("+placeholders(i+1, 6)+")")
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos)
+			VALUES `+strings.Join(rows, ", ")+`
+			ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership, pos = excluded.pos`,
+			chunk...); err != nil {
 			return err
 		}
-		res.NewlyStale = append(res.NewlyStale, stale...)
 	}
-	return nil
+	stale, err := s.txSetMemberships(ctx, tx, roomID, moves, now)
+	res.NewlyStale = append(res.NewlyStale, stale...)
+	return err
 }

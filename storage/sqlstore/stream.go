@@ -2,8 +2,8 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -120,129 +120,230 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 // the remote users it started tracking. membership is join, invite
 // (which shares the room like a join, as Synapse counts it) or leave.
 func (s *Store) txSetMembership(ctx context.Context, tx *txn, roomID, userID, membership string, now int64) ([]storage.StaleUser, error) {
-	local := strings.HasSuffix(userID, ":"+s.serverName)
-	var newlyStale []storage.StaleUser
-	var old string
-	err := tx.QueryRowContext(ctx, `SELECT membership FROM memberships WHERE room_id = $1 AND user_id = $2`+s.d.forUpdate,
-		roomID, userID).Scan(&old)
-	if err != nil && err != sql.ErrNoRows {
-		return nil, err
+	return s.txSetMemberships(ctx, tx, roomID, []memberMove{{userID, membership}}, now)
+}
+
+// memberMove is a user's new membership of a room, as device lists count
+// it: join, invite or leave.
+type memberMove struct {
+	userID, membership string
+}
+
+// txSetMemberships records users' memberships of one room (each user
+// once), as txSetMembership does for one, in a number of statements that
+// does not grow with the room's members: joining a large room over
+// federation brings thousands of member events at once, and on
+// PostgreSQL the write holds the stream's counter meanwhile. A move to
+// the membership a user has changes nothing; the others share one stream
+// position. Tracking starts for the remote users who now share a room
+// with a local user and had no cached list, among those who joined or
+// were invited and, when a local user joined or was invited, the room's
+// remote members; it stops for those who share no room with a local user
+// any more, among those who left and, when a local user left, the room's
+// remote members.
+func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, moves []memberMove, now int64) ([]storage.StaleUser, error) {
+	old := map[string]string{}
+	for chunk := range slices.Chunk(moves, maxUsersPerStatement) {
+		ids := make([]any, 0, len(chunk)+1)
+		ids = append(ids, roomID)
+		for _, m := range chunk {
+			ids = append(ids, m.userID)
+		}
+		rows, err := tx.QueryContext(ctx, `SELECT user_id, membership FROM memberships WHERE room_id = $1 AND user_id IN (`+
+			placeholders(2, len(chunk))+`)`+s.d.forUpdate, ids...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var u, m string
+			if err := rows.Scan(&u, &m); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			old[u] = m
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
 	}
-	if old == membership {
+	var changed []memberMove
+	var localSharing, localLeft bool
+	var remoteSharing, remoteLeft []any
+	for _, m := range moves {
+		if old[m.userID] == m.membership {
+			continue
+		}
+		changed = append(changed, m)
+		sharing := m.membership != storage.MembershipLeave
+		switch local := strings.HasSuffix(m.userID, ":"+s.serverName); {
+		case local && sharing:
+			localSharing = true
+		case local:
+			localLeft = true
+		case sharing:
+			remoteSharing = append(remoteSharing, m.userID)
+		default:
+			remoteLeft = append(remoteLeft, m.userID)
+		}
+	}
+	if len(changed) == 0 {
 		return nil, nil
 	}
 	pos, err := s.nextPos(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err = tx.ExecContext(ctx, `
-		INSERT INTO memberships (room_id, user_id, membership, pos) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`,
-		roomID, userID, membership, pos); err != nil {
-		return nil, err
+	for chunk := range slices.Chunk(changed, maxUsersPerStatement/4) {
+		params := make([]any, 0, 4*len(chunk))
+		values := make([]string, 0, len(chunk))
+		for _, m := range chunk {
+			n := len(params)
+			values = append(values, "("+placeholders(n+1, 4)+")")
+			params = append(params, roomID, m.userID, m.membership, pos)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO memberships (room_id, user_id, membership, pos) VALUES `+strings.Join(values, ", ")+`
+			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`, params...); err != nil {
+			return nil, err
+		}
 	}
-	// The change concerns the user and the room's local members, past
-	// ones included: a join brings changes, a leave enters "left".
+	// The change concerns the room's local members, past ones included (a
+	// join brings changes, a leave enters "left"): the local movers among
+	// them.
 	members, err := s.txUserList(ctx, tx, `SELECT user_id FROM memberships WHERE room_id = $1 AND user_id LIKE $2`,
 		roomID, s.localPattern())
 	if err != nil {
 		return nil, err
 	}
 	tx.concern(members...)
-	if local {
-		tx.concern(userID)
-	}
-	// Whose tracking this changes: when a local user moved, the room's
-	// remote members (each query one statement, however many: a join to a
-	// large federated room must not cost two statements a member while
-	// the write holds the stream); else the remote user who moved.
-	sharing := membership != storage.MembershipLeave
+
+	// Whose tracking starts and stops, each set by one query (a chunk of
+	// listed users at a time).
 	var start, stop []string
-	switch {
-	case local && sharing:
-		// Every remote member of the room now shares it with userID.
+	if localSharing {
+		// Every remote member of the room now shares it with a local user.
 		if start, err = s.txUserList(ctx, tx, untrackedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
 			return nil, err
 		}
-	case local:
+	} else if len(remoteSharing) > 0 {
+		if start, err = s.txListedUsers(ctx, tx, untrackedSharingMoversQuery, roomID, remoteSharing); err != nil {
+			return nil, err
+		}
+	}
+	if localLeft {
 		if stop, err = s.txUserList(ctx, tx, unsharedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
 			return nil, err
 		}
-	default:
-		shares, err := s.txSharesRoomWithLocal(ctx, tx, userID)
+	}
+	if len(remoteLeft) > 0 {
+		left, err := s.txListedUsers(ctx, tx, unsharedMoversQuery, roomID, remoteLeft)
 		if err != nil {
 			return nil, err
 		}
-		if sharing && shares {
-			var tracked int
-			if err := tx.QueryRowContext(ctx, `SELECT
-				(SELECT COUNT(*) FROM remote_device_lists WHERE user_id = $1) + (SELECT COUNT(*) FROM stale_device_lists WHERE user_id = $1)`,
-				userID).Scan(&tracked); err != nil {
-				return nil, err
-			}
-			if tracked == 0 {
-				start = []string{userID}
-			}
-		}
-		if !sharing && !shares {
-			stop = []string{userID}
-		}
+		stop = append(stop, left...)
 	}
+	newlyStale := make([]storage.StaleUser, 0, len(start))
 	for _, u := range start {
-		server := u[strings.IndexByte(u, ':')+1:]
-		if err := markStale(ctx, tx, u, server, now, 0); err != nil {
-			return nil, err
-		}
-		newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: server})
+		newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: u[strings.IndexByte(u, ':')+1:]})
+	}
+	if err := markManyStale(ctx, tx, newlyStale, now); err != nil {
+		return nil, err
 	}
 	// Their server stops sending us their changes: what we hold of them goes.
-	for len(stop) > 0 {
-		n := min(len(stop), maxUsersPerStatement)
-		ids := make([]any, n)
-		for i, u := range stop[:n] {
+	for chunk := range slices.Chunk(stop, maxUsersPerStatement) {
+		ids := make([]any, len(chunk))
+		for i, u := range chunk {
 			ids[i] = u
 		}
 		for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id IN (`+placeholders(1, n)+`)`, ids...); err != nil {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id IN (`+placeholders(1, len(chunk))+`)`, ids...); err != nil {
 				return nil, err
 			}
 		}
-		stop = stop[n:]
 	}
 	return newlyStale, nil
 }
 
+// txListedUsers runs a query of user IDs whose $1 is roomID and whose
+// LISTED stands for the placeholders of users, a chunk at a time.
+func (s *Store) txListedUsers(ctx context.Context, tx *txn, query, roomID string, users []any) ([]string, error) {
+	var out []string
+	for chunk := range slices.Chunk(users, maxUsersPerStatement) {
+		got, err := s.txUserList(ctx, tx, strings.Replace(query, "LISTED", placeholders(3, len(chunk)), 1),
+			append([]any{roomID, s.localPattern()}, chunk...)...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
+// markManyStale marks remote users' lists stale (markStale), many a
+// statement; none of them is held for a resync.
+func markManyStale(ctx context.Context, tx *txn, users []storage.StaleUser, now int64) error {
+	for chunk := range slices.Chunk(users, maxUsersPerStatement/3) {
+		params := make([]any, 0, 3*len(chunk))
+		values := make([]string, 0, len(chunk))
+		for _, u := range chunk {
+			values = append(values, "("+placeholders(len(params)+1, 3)+", 0, 0, 0)")
+			params = append(params, u.UserID, u.ServerName, now)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts, attempts, retry_at_ts, resync_until)
+			VALUES `+strings.Join(values, ", ")+` ON CONFLICT (user_id) DO NOTHING`, params...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The queries of txSetMemberships. A user in m.user_id shares a room
+// with a local user (one matching the pattern $2) when some room has both
+// joined or invited; they are tracked when their device list is cached
+// or waiting to be fetched.
+
 // untrackedRemoteMembersQuery lists the remote users joined to or invited
-// into room $1 (users not matching the local pattern $2) whose device
-// lists are neither cached nor waiting to be fetched.
+// into room $1 (users not matching $2) who are not tracked.
 const untrackedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
 	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
 	AND NOT EXISTS (SELECT 1 FROM remote_device_lists r WHERE r.user_id = m.user_id)
 	AND NOT EXISTS (SELECT 1 FROM stale_device_lists st WHERE st.user_id = m.user_id)`
 
 // unsharedRemoteMembersQuery lists the remote users joined to or invited
-// into room $1 who share no room with a user matching the local pattern
-// $2.
+// into room $1 who share no room with a local user.
 const unsharedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
 	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
 	AND NOT EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
 		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
 		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)`
 
-// maxUsersPerStatement bounds the users one statement names.
-const maxUsersPerStatement = 500
+// untrackedSharingMoversQuery lists the remote users LISTED, joined to or
+// invited into room $1, who share a room with a local user and are not
+// tracked.
+const untrackedSharingMoversQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.user_id NOT LIKE $2 AND m.user_id IN (LISTED) AND m.membership IN ('join', 'invite')
+	AND EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
+		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)
+	AND NOT EXISTS (SELECT 1 FROM remote_device_lists r WHERE r.user_id = m.user_id)
+	AND NOT EXISTS (SELECT 1 FROM stale_device_lists st WHERE st.user_id = m.user_id)`
 
-func (s *Store) txSharesRoomWithLocal(ctx context.Context, tx *txn, userID string) (bool, error) {
-	var n int
-	err := tx.QueryRowContext(ctx, sharesRoomWithLocalQuery, userID, s.localPattern()).Scan(&n)
-	return n > 0, err
-}
+// unsharedMoversQuery lists the remote users LISTED, members of room $1
+// (who left it), who share no room with a local user.
+const unsharedMoversQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.user_id NOT LIKE $2 AND m.user_id IN (LISTED)
+	AND NOT EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
+		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)`
 
 // sharesRoomWithLocalQuery counts the rooms user $1 shares with users
 // matching the local pattern $2.
 const sharesRoomWithLocalQuery = `
 	SELECT COUNT(*) FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
 	WHERE theirs.user_id = $1 AND theirs.membership IN ('join', 'invite') AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2`
+
+// maxUsersPerStatement bounds the values one statement names.
+const maxUsersPerStatement = 500
 
 func (s *Store) txUserList(ctx context.Context, tx *txn, query string, params ...any) ([]string, error) {
 	rows, err := tx.QueryContext(ctx, query, params...)

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -107,6 +108,45 @@ func TestLocalMoveStatementsDoNotGrowWithRemoteMembers(t *testing.T) {
 		}
 		if small, large := cost("!small:x", storage.MembershipLeave), cost("!large:x", storage.MembershipLeave); small != large {
 			t.Errorf("a leave cost %d statements with 3 remote members, %d with 30", small, large)
+		}
+	})
+}
+
+// Joining a room over federation stores its state at once: beyond one
+// statement per event stored, the statements do not grow with the room's
+// members, and every remote member starts being tracked.
+func TestIngestedMembersCostNoStatementEach(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		ingest := func(roomID string, members int) int64 {
+			t.Helper()
+			empty, me := "", "@me:x"
+			ev := func(id, evType string, stateKey *string, membership string) storage.RoomEvent {
+				return storage.RoomEvent{EventID: id, RoomID: roomID, Type: evType, StateKey: stateKey, Sender: "@c:remote.example",
+					Depth: 2, RoomVersion: "10", JSON: []byte(`{"content":{"membership":"` + membership + `"}}`), Membership: membership}
+			}
+			events := []storage.RoomEvent{ev("$create"+roomID, "m.room.create", &empty, "")}
+			for i := range members {
+				u := "@" + roomID[1:6] + strconv.Itoa(i) + ":s" + strconv.Itoa(i%7) + ".example" // each room's own users
+				events = append(events, ev("$m"+strconv.Itoa(i)+roomID, "m.room.member", &u, "join"))
+			}
+			events = append(events, ev("$me"+roomID, "m.room.member", &me, "join"))
+			ids := eventIDs(events)
+			before := s.StatementsSent()
+			res, err := s.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: roomID, Create: &storage.Room{RoomVersion: "10", Creator: "@c:remote.example"},
+				Outliers: events, PutState: ids, Now: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.NewlyStale) != members {
+				t.Fatalf("%d of %d remote members newly tracked", len(res.NewlyStale), members)
+			}
+			return s.StatementsSent() - before
+		}
+		small, large := ingest("!small:remote.example", 10), ingest("!large:remote.example", 60)
+		if large-small != 50 {
+			t.Errorf("ingesting 10 members took %d statements, 60 took %d: %d more for 50 more events", small, large, large-small)
 		}
 	})
 }
