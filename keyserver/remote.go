@@ -114,11 +114,11 @@ func (s *Service) queryRemote(ctx context.Context, remote map[string]map[string]
 // fetched less than UntrackedCacheTTL ago. When fetching fails, a cached
 // copy is still returned, with the error.
 func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs []string) (map[string]*storage.RemoteDeviceList, error) {
+	now := s.nowMS() // before the read: a list fetched since is as new as a fetch of ours (sharedResync)
 	cached, err := s.db.RemoteDeviceLists(ctx, userIDs)
 	if err != nil {
 		return nil, err
 	}
-	now := s.nowMS()
 	var fetch []string
 	for _, u := range userIDs {
 		l := cached[u]
@@ -144,7 +144,7 @@ func (s *Service) remoteDeviceLists(ctx context.Context, server string, userIDs 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := s.sharedResync(ctx, server, u, cached[u] != nil && cached[u].Stale)
+			l, err := s.sharedResync(ctx, server, u, cached[u] != nil && cached[u].Stale, now)
 			out[i] = fetched{l, err}
 		}()
 	}
@@ -194,9 +194,12 @@ const (
 // each sending their own, so that clients asking at once for a user whose
 // list must be fetched make one request to the user's server. For a user
 // marked stale (stale), the daemons sharing the database do the same: the
-// fetch waits for one another daemon holds.
-func (s *Service) sharedResync(ctx context.Context, server, userID string, stale bool) (*storage.RemoteDeviceList, error) {
-	return s.joinResync(ctx, server, userID, false, stale)
+// fetch waits for one another daemon holds. A query whose read of the
+// cache (at readMS) came before a fetch stored the list, and whose turn
+// comes after that fetch ended, takes the stored list rather than fetching
+// it again.
+func (s *Service) sharedResync(ctx context.Context, server, userID string, stale bool, readMS int64) (*storage.RemoteDeviceList, error) {
+	return s.joinResync(ctx, server, userID, false, stale, readMS)
 }
 
 // freshResync is the resync an incoming update needs: a fetch begun
@@ -204,10 +207,10 @@ func (s *Service) sharedResync(ctx context.Context, server, userID string, stale
 // the queries that come after it then share. The update's write marked the
 // user stale and held it for this fetch.
 func (s *Service) freshResync(ctx context.Context, server, userID string) (*storage.RemoteDeviceList, error) {
-	return s.joinResync(ctx, server, userID, true, false)
+	return s.joinResync(ctx, server, userID, true, false, 0)
 }
 
-func (s *Service) joinResync(ctx context.Context, server, userID string, fresh, stale bool) (*storage.RemoteDeviceList, error) {
+func (s *Service) joinResync(ctx context.Context, server, userID string, fresh, stale bool, readMS int64) (*storage.RemoteDeviceList, error) {
 	if s.fed == nil {
 		return nil, errNoFederation
 	}
@@ -219,6 +222,13 @@ func (s *Service) joinResync(ctx context.Context, server, userID string, fresh, 
 		defer cancel()
 		var l *storage.RemoteDeviceList
 		var err error
+		if !fresh && !stale {
+			if lists, err := s.db.RemoteDeviceLists(fctx, []string{userID}); err == nil {
+				if l := lists[userID]; l != nil && !l.Stale && l.FetchedTS >= readMS {
+					return l, nil // fetched by the fetch before this one
+				}
+			}
+		}
 		switch {
 		case stale:
 			l, err = s.heldResync(fctx, server, userID, true)
