@@ -224,8 +224,8 @@ func (s *Service) joinResync(ctx context.Context, server, userID string, fresh, 
 		var err error
 		if !fresh && !stale {
 			if lists, err := s.db.RemoteDeviceLists(fctx, []string{userID}); err == nil {
-				if l := lists[userID]; l != nil && !l.Stale && l.FetchedTS >= readMS {
-					return l, nil // fetched by the fetch before this one
+				if have := lists[userID]; have != nil && !have.Stale && have.FetchedTS >= readMS {
+					return have, nil // stored by the fetch before this one
 				}
 			}
 		}

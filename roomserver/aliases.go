@@ -54,12 +54,11 @@ func (s *Service) resolveAlias(ctx context.Context, alias string) (roomID string
 // roomServers lists this server, then the other servers with joined
 // members in a room's current state, sorted.
 func (s *Service) roomServers(ctx context.Context, roomID string) ([]string, error) {
-	joined, err := s.joinedServers(ctx, roomID)
+	joined, err := s.db.RoomJoinedServers(ctx, roomID)
 	if err != nil {
 		return nil, err
 	}
-	joined = slices.DeleteFunc(joined, func(srv string) bool { return srv == s.opts.ServerName })
-	slices.Sort(joined)
+	joined = slices.DeleteFunc(joined, func(srv string) bool { return srv == s.opts.ServerName }) // sorted already
 	return append([]string{s.opts.ServerName}, joined...), nil
 }
 

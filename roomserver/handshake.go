@@ -85,11 +85,6 @@ func (s *Service) localServerInRoom(ctx context.Context, roomID string) (bool, e
 	return found, nil
 }
 
-// joinedServers lists the servers with a user joined to a room, sorted.
-func (s *Service) joinedServers(ctx context.Context, roomID string) ([]string, error) {
-	return s.db.RoomJoinedServers(ctx, roomID)
-}
-
 // querier answers gomatrixserverlib's questions about rooms.
 type querier struct{ s *Service }
 
@@ -325,7 +320,7 @@ func (s *Service) SendJoin(ctx context.Context, origin, roomID, eventID string, 
 	if err != nil {
 		return SendJoinAnswer{}, err
 	}
-	servers, err := s.joinedServers(ctx, roomID)
+	servers, err := s.db.RoomJoinedServers(ctx, roomID)
 	if err != nil {
 		return SendJoinAnswer{}, err
 	}

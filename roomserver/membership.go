@@ -92,7 +92,7 @@ func (s *Service) joinsLocally(ctx context.Context, roomID string) (bool, error)
 	if in, err := s.localServerInRoom(ctx, roomID); err != nil || in {
 		return in, err
 	}
-	servers, err := s.joinedServers(ctx, roomID)
+	servers, err := s.db.RoomJoinedServers(ctx, roomID)
 	if err != nil {
 		return false, err
 	}
