@@ -207,3 +207,41 @@ func BenchmarkRoomMessagesConcurrent(b *testing.B) {
 		})
 	})
 }
+
+// Storing the state of a 2,000-member room of another server, as joining
+// it over federation does (its events, then its current state, the
+// members' memberships and their tracking), with one local member. Each
+// operation is a room of its own; the statements per room are reported.
+func BenchmarkIngestLargeRoomState(b *testing.B) {
+	const members = 2000
+	forEachDatabaseB(b, func(b *testing.B, s *sqlstore.Store) {
+		ctx := context.Background()
+		var statements int64
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			roomID, empty, me := fmt.Sprintf("!big%d:remote.example", i), "", "@me:bench.test"
+			ev := func(eventID, evType string, stateKey *string, membership string) storage.RoomEvent {
+				return storage.RoomEvent{EventID: eventID, RoomID: roomID, Type: evType, StateKey: stateKey, Sender: "@c:remote.example",
+					Depth: 2, RoomVersion: "10", JSON: []byte(`{"content":{"membership":"` + membership + `"}}`), Membership: membership}
+			}
+			events := []storage.RoomEvent{ev("$c"+roomID, "m.room.create", &empty, "")}
+			for m := range members {
+				u := fmt.Sprintf("@u%d.%d:s%d.example", i, m, m%50)
+				events = append(events, ev(fmt.Sprintf("$m%d%s", m, roomID), "m.room.member", &u, "join"))
+			}
+			events = append(events, ev("$me"+roomID, "m.room.member", &me, "join"))
+			ids := make([]string, len(events))
+			for j, e := range events {
+				ids[j] = e.EventID
+			}
+			before := s.StatementsSent()
+			b.StartTimer()
+			if _, err := s.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: roomID,
+				Create: &storage.Room{RoomVersion: "10", Creator: "@c:remote.example"}, Outliers: events, PutState: ids, Now: 1}); err != nil {
+				b.Fatal(err)
+			}
+			statements += s.StatementsSent() - before
+		}
+		b.ReportMetric(float64(statements)/float64(b.N), "statements/op")
+	})
+}
