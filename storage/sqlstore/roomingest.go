@@ -296,7 +296,7 @@ func (s *Store) txMoveCurrentState(ctx context.Context, tx *txn, roomID string, 
 			return err
 		}
 	}
-	stale, err := s.txSetMemberships(ctx, tx, roomID, moves, now)
+	stale, _, err := s.txSetMemberships(ctx, tx, roomID, moves, now, false)
 	res.NewlyStale = append(res.NewlyStale, stale...)
 	return err
 }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lib/pq"
+
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -150,15 +152,9 @@ func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage
 		if err := txRedact(ctx, tx, w.Redactions); err != nil {
 			return err
 		}
-		// Messages concern no one else than the members: the notification
-		// goes before the positions.
-		if len(w.Events) > 0 && !slices.ContainsFunc(w.Events, func(ev storage.RoomEvent) bool { return ev.StateKey != nil }) {
-			if err := s.notifyEarly(ctx, tx); err != nil {
-				return err
-			}
+		if s.positionsLast() {
+			return s.placeLast(ctx, tx, w, nids, res)
 		}
-		// Stream positions last: the counter stays locked from the first
-		// one to the commit, holding up every other write of the server.
 		for i, ev := range w.Events {
 			if err := s.txPlaceRoomEvent(ctx, tx, ev, nids[i], positions[i], res, w.Now); err != nil {
 				return err
@@ -166,6 +162,77 @@ func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage
 		}
 		return nil
 	}
+}
+
+// placeLast ends a room write on PostgreSQL (positionsLast): the
+// memberships its member events change, then the stream notification,
+// then, in one statement, the events' stream positions, their current
+// state rows' and the changed memberships': the counter is locked from
+// that statement to the commit, holding up every other write of the
+// server, so nothing else comes after it.
+func (s *Store) placeLast(ctx context.Context, tx *txn, w storage.RoomWrite, nids []int64, res *storage.RoomWriteResult) error {
+	if len(w.Events) == 0 {
+		return nil
+	}
+	var moves []memberMove
+	stateTypes, stateKeys, stateNids, stateOrds := []string{}, []string{}, []int64{}, []int64{}
+	for i, ev := range w.Events {
+		if ev.StateKey == nil {
+			continue
+		}
+		stateTypes, stateKeys = append(stateTypes, ev.Type), append(stateKeys, *ev.StateKey)
+		stateNids, stateOrds = append(stateNids, nids[i]), append(stateOrds, int64(i+1))
+		if ev.Type != "m.room.member" {
+			continue
+		}
+		if err := s.txUnforget(ctx, tx, ev); err != nil {
+			return err
+		}
+		moves = append(moves, memberMove{*ev.StateKey, deviceListMembership(ev.Membership)})
+	}
+	var moved []string
+	if len(moves) > 0 {
+		stale, changed, err := s.txSetMemberships(ctx, tx, w.RoomID, moves, w.Now, true)
+		if err != nil {
+			return err
+		}
+		res.NewlyStale, moved = append(res.NewlyStale, stale...), changed
+	}
+	if err := s.notifyEarly(ctx, tx); err != nil {
+		return err
+	}
+	n := int64(len(w.Events))
+	var last storage.StreamPos
+	if err := tx.QueryRowContext(ctx, placeLastQuery, n, pq.Array(nids), pq.Array(stateTypes), pq.Array(stateKeys),
+		pq.Array(stateNids), pq.Array(stateOrds), w.RoomID, pq.Array(moved)).Scan(&last); err != nil {
+		return err
+	}
+	tx.pos = last
+	return nil
+}
+
+// placeLastQuery gives a room write's $1 events (their nids $2, in order)
+// the next $1 stream positions, the current state rows of its state
+// events (types $3, keys $4, nids $5, places $6 among the events, in room
+// $7) their events' positions, and the memberships of the users $8 in the
+// room the last one; it returns the last one.
+const placeLastQuery = `WITH p AS (UPDATE stream_position SET pos = pos + $1 WHERE id = 1 RETURNING pos - $1 AS base),
+e AS (UPDATE room_events SET pos = p.base + x.i FROM p, unnest($2::BIGINT[]) WITH ORDINALITY AS x(nid, i)
+	WHERE room_events.event_nid = x.nid),
+c AS (UPDATE room_current_state SET pos = p.base + x.i FROM p, unnest($3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[]) AS x(t, k, nid, i)
+	WHERE room_current_state.room_id = $7 AND room_current_state.event_type = x.t AND room_current_state.state_key = x.k
+	AND room_current_state.event_nid = x.nid),
+m AS (UPDATE memberships SET pos = p.base + $1 FROM p WHERE memberships.room_id = $7 AND memberships.user_id = ANY($8::TEXT[]))
+SELECT base + $1 FROM p`
+
+// txUnforget brings back a room a local user forgot, with a new invite or
+// join of theirs.
+func (s *Store) txUnforget(ctx context.Context, tx *txn, ev storage.RoomEvent) error {
+	if (ev.Membership == storage.MembershipJoin || ev.Membership == storage.MembershipInvite) && strings.HasSuffix(*ev.StateKey, ":"+s.serverName) {
+		_, err := tx.ExecContext(ctx, `DELETE FROM room_forgotten WHERE user_id = $1 AND room_id = $2`, *ev.StateKey, ev.RoomID)
+		return err
+	}
+	return nil
 }
 
 // txLockRoom locks a room's record for the transaction and reads it, then
@@ -282,16 +349,11 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	return nid, nil
 }
 
-// txPlaceRoomEvent gives a written event its stream position (unless it
-// has one, pos) and, for a membership event, changes the membership
-// device lists read.
+// txPlaceRoomEvent gives a written state event's current state row its
+// stream position pos (the event's, taken with it: SQLite; PostgreSQL's
+// writes end with placeLast) and, for a membership event, changes the
+// membership device lists read.
 func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEvent, nid int64, pos storage.StreamPos, res *storage.RoomWriteResult, now int64) error {
-	if pos == 0 {
-		var err error
-		if pos, err = s.txPositionEvent(ctx, tx, nid); err != nil {
-			return err
-		}
-	}
 	if ev.StateKey == nil {
 		return nil
 	}
@@ -302,29 +364,12 @@ func (s *Store) txPlaceRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 	if ev.Type != "m.room.member" {
 		return nil
 	}
-	// A forgotten room comes back with a new invite or join.
-	if (ev.Membership == storage.MembershipJoin || ev.Membership == storage.MembershipInvite) && strings.HasSuffix(*ev.StateKey, ":"+s.serverName) {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM room_forgotten WHERE user_id = $1 AND room_id = $2`, *ev.StateKey, ev.RoomID); err != nil {
-			return err
-		}
+	if err := s.txUnforget(ctx, tx, ev); err != nil {
+		return err
 	}
 	stale, err := s.txSetMembership(ctx, tx, ev.RoomID, *ev.StateKey, deviceListMembership(ev.Membership), now)
 	res.NewlyStale = append(res.NewlyStale, stale...)
 	return err
-}
-
-// txPositionEvent gives a stored event the next stream position, on
-// PostgreSQL (positionsLast), in one statement: from the counter's update
-// to the commit, every other write of the server waits, so each round
-// trip there counts.
-func (s *Store) txPositionEvent(ctx context.Context, tx *txn, nid int64) (storage.StreamPos, error) {
-	var pos storage.StreamPos
-	if err := tx.QueryRowContext(ctx, `WITH p AS (UPDATE stream_position SET pos = pos + 1 WHERE id = 1 RETURNING pos)
-		UPDATE room_events SET pos = (SELECT pos FROM p) WHERE event_nid = $1 RETURNING pos`, nid).Scan(&pos); err != nil {
-		return 0, err
-	}
-	tx.pos = pos
-	return pos, nil
 }
 
 // deviceListMembership is what a room membership means for device lists:

@@ -120,7 +120,8 @@ func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership st
 // the remote users it started tracking. membership is join, invite
 // (which shares the room like a join, as Synapse counts it) or leave.
 func (s *Store) txSetMembership(ctx context.Context, tx *txn, roomID, userID, membership string, now int64) ([]storage.StaleUser, error) {
-	return s.txSetMemberships(ctx, tx, roomID, []memberMove{{userID, membership}}, now)
+	stale, _, err := s.txSetMemberships(ctx, tx, roomID, []memberMove{{userID, membership}}, now, false)
+	return stale, err
 }
 
 // memberMove is a user's new membership of a room, as device lists count
@@ -129,8 +130,8 @@ type memberMove struct {
 	userID, membership string
 }
 
-// txSetMemberships records users' memberships of one room (each user
-// once), as txSetMembership does for one, in a number of statements that
+// txSetMemberships records users' memberships of one room, as
+// txSetMembership does for one, in a number of statements that
 // does not grow with the room's members: joining a large room over
 // federation brings thousands of member events at once, and on
 // PostgreSQL the write holds the stream's counter meanwhile. A move to
@@ -140,8 +141,25 @@ type memberMove struct {
 // were invited and, when a local user joined or was invited, the room's
 // remote members; it stops for those who share no room with a local user
 // any more, among those who left and, when a local user left, the room's
-// remote members.
-func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, moves []memberMove, now int64) ([]storage.StaleUser, error) {
+// remote members. With later, the changed rows get no stream position
+// (0): the caller gives them one after (PostgreSQL's room writes take
+// their positions last, placeLast), and gets their users.
+func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, moves []memberMove, now int64, later bool) (_ []storage.StaleUser, changedUsers []string, _ error) {
+	// A user moved twice (a join and a leave in one write) ends as the
+	// last move says.
+	last := make(map[string]int, len(moves))
+	for i, m := range moves {
+		last[m.userID] = i
+	}
+	if len(last) < len(moves) {
+		kept := make([]memberMove, 0, len(last))
+		for i, m := range moves {
+			if last[m.userID] == i {
+				kept = append(kept, m)
+			}
+		}
+		moves = kept
+	}
 	old := map[string]string{}
 	for chunk := range slices.Chunk(moves, maxUsersPerStatement) {
 		ids := make([]any, 0, len(chunk)+1)
@@ -152,19 +170,19 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 		rows, err := tx.QueryContext(ctx, `SELECT user_id, membership FROM memberships WHERE room_id = $1 AND user_id IN (`+
 			placeholders(2, len(chunk))+`)`+s.d.forUpdate, ids...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for rows.Next() {
 			var u, m string
 			if err := rows.Scan(&u, &m); err != nil {
 				rows.Close()
-				return nil, err
+				return nil, nil, err
 			}
 			old[u] = m
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	var changed []memberMove
@@ -188,23 +206,27 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 		}
 	}
 	if len(changed) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	pos, err := s.nextPos(ctx, tx)
-	if err != nil {
-		return nil, err
+	var pos storage.StreamPos
+	if !later {
+		var err error
+		if pos, err = s.nextPos(ctx, tx); err != nil {
+			return nil, nil, err
+		}
 	}
 	for chunk := range slices.Chunk(changed, maxUsersPerStatement/4) {
 		params := make([]any, 0, 4*len(chunk))
 		values := make([]string, 0, len(chunk))
 		for _, m := range chunk {
+			changedUsers = append(changedUsers, m.userID)
 			n := len(params)
 			values = append(values, "("+placeholders(n+1, 4)+")")
 			params = append(params, roomID, m.userID, m.membership, pos)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO memberships (room_id, user_id, membership, pos) VALUES `+strings.Join(values, ", ")+`
 			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`, params...); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	// The change concerns the room's local members, past ones included (a
@@ -213,7 +235,7 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 	members, err := s.txUserList(ctx, tx, `SELECT user_id FROM memberships WHERE room_id = $1 AND user_id LIKE $2`,
 		roomID, s.localPattern())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tx.concern(members...)
 
@@ -223,22 +245,22 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 	if localSharing {
 		// Every remote member of the room now shares it with a local user.
 		if start, err = s.txUserList(ctx, tx, untrackedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	} else if len(remoteSharing) > 0 {
 		if start, err = s.txListedUsers(ctx, tx, untrackedSharingMoversQuery, roomID, remoteSharing); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if localLeft {
 		if stop, err = s.txUserList(ctx, tx, unsharedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if len(remoteLeft) > 0 {
 		left, err := s.txListedUsers(ctx, tx, unsharedMoversQuery, roomID, remoteLeft)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		stop = append(stop, left...)
 	}
@@ -247,7 +269,7 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 		newlyStale = append(newlyStale, storage.StaleUser{UserID: u, ServerName: u[strings.IndexByte(u, ':')+1:]})
 	}
 	if err := markManyStale(ctx, tx, newlyStale, now); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Their server stops sending us their changes: what we hold of them goes.
 	for chunk := range slices.Chunk(stop, maxUsersPerStatement) {
@@ -257,11 +279,11 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 		}
 		for _, table := range []string{"remote_devices", "remote_cross_signing_keys", "remote_device_lists", "remote_stream_ids", "stale_device_lists"} {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE user_id IN (`+placeholders(1, len(chunk))+`)`, ids...); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
-	return newlyStale, nil
+	return newlyStale, changedUsers, nil
 }
 
 // txListedUsers runs a query of user IDs whose $1 is roomID and whose
