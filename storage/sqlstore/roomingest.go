@@ -285,12 +285,8 @@ func (s *Store) txMoveCurrentState(ctx context.Context, tx *txn, roomID string, 
 	// Many rows a statement: joining a large room brings thousands of
 	// members, written while the write holds the stream's counter.
 	for chunk := range slices.Chunk(rowValues, 6*(maxUsersPerStatement/6)) {
-		rows := make([]string, 0, len(chunk)/6)
-		for i := 0; i < len(chunk); i += 6 {
-			rows = append(rows, "("+placeholders(i+1, 6)+")")
-		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO room_current_state (room_id, event_type, state_key, event_nid, membership, pos)
-			VALUES `+strings.Join(rows, ", ")+`
+			VALUES `+valueRows(len(chunk)/6, 6)+`
 			ON CONFLICT (room_id, event_type, state_key) DO UPDATE SET event_nid = excluded.event_nid, membership = excluded.membership, pos = excluded.pos`,
 			chunk...); err != nil {
 			return err

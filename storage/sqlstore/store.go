@@ -646,6 +646,16 @@ func placeholders(from, n int) string {
 	return b.String()
 }
 
+// valueRows returns the VALUES rows of a multi-row insert of rows rows
+// of width values each: "($1, $2), ($3, $4)" for 2 and 2.
+func valueRows(rows, width int) string {
+	out := make([]string, rows)
+	for i := range out {
+		out[i] = "(" + placeholders(i*width+1, width) + ")"
+	}
+	return strings.Join(out, ", ")
+}
+
 // args appends strings to a parameter list.
 func args(head []any, values []string) []any {
 	out := make([]any, 0, len(head)+len(values))

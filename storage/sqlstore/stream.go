@@ -217,14 +217,11 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 	}
 	for chunk := range slices.Chunk(changed, maxUsersPerStatement/4) {
 		params := make([]any, 0, 4*len(chunk))
-		values := make([]string, 0, len(chunk))
 		for _, m := range chunk {
 			changedUsers = append(changedUsers, m.userID)
-			n := len(params)
-			values = append(values, "("+placeholders(n+1, 4)+")")
 			params = append(params, roomID, m.userID, m.membership, pos)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO memberships (room_id, user_id, membership, pos) VALUES `+strings.Join(values, ", ")+`
+		if _, err := tx.ExecContext(ctx, `INSERT INTO memberships (room_id, user_id, membership, pos) VALUES `+valueRows(len(chunk), 4)+`
 			ON CONFLICT (room_id, user_id) DO UPDATE SET membership = excluded.membership, pos = excluded.pos`, params...); err != nil {
 			return nil, nil, err
 		}
@@ -304,15 +301,13 @@ func (s *Store) txListedUsers(ctx context.Context, tx *txn, query, roomID string
 // markManyStale marks remote users' lists stale (markStale), many a
 // statement; none of them is held for a resync.
 func markManyStale(ctx context.Context, tx *txn, users []storage.StaleUser, now int64) error {
-	for chunk := range slices.Chunk(users, maxUsersPerStatement/3) {
-		params := make([]any, 0, 3*len(chunk))
-		values := make([]string, 0, len(chunk))
+	for chunk := range slices.Chunk(users, maxUsersPerStatement/6) {
+		params := make([]any, 0, 6*len(chunk))
 		for _, u := range chunk {
-			values = append(values, "("+placeholders(len(params)+1, 3)+", 0, 0, 0)")
-			params = append(params, u.UserID, u.ServerName, now)
+			params = append(params, u.UserID, u.ServerName, now, 0, 0, 0)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO stale_device_lists (user_id, server_name, since_ts, attempts, retry_at_ts, resync_until)
-			VALUES `+strings.Join(values, ", ")+` ON CONFLICT (user_id) DO NOTHING`, params...); err != nil {
+			VALUES `+valueRows(len(chunk), 6)+` ON CONFLICT (user_id) DO NOTHING`, params...); err != nil {
 			return err
 		}
 	}
