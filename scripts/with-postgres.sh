@@ -9,7 +9,8 @@
 #   As root the cluster runs as the "postgres" user (PostgreSQL refuses root).
 #   It runs without fsync, as a test cluster need not survive a crash;
 #   KEYSERVER_PG_DURABLE=1 keeps PostgreSQL's durable defaults (fsync,
-#   synchronous_commit and full_page_writes on), as benchmarks want.
+#   synchronous_commit and full_page_writes on), as benchmarks want, and
+#   has its write-ahead log warmed (below).
 #   KEYSERVER_TEST_POSTGRES_DATA is set to its data directory.
 # - Otherwise the command runs without it: the PostgreSQL tests are skipped
 #   with a message, or fail when CI is set.
@@ -50,13 +51,28 @@ trap cleanup EXIT
 # fsync off: a test cluster that is thrown away need not survive a crash.
 durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
 if [ "${KEYSERVER_PG_DURABLE:-}" = 1 ]; then
-  durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+  # min_wal_size: checkpoints keep up to 1 GB of used log segments for
+  # reuse (PostgreSQL's default keeps 80 MB).
+  durability="-c fsync=on -c synchronous_commit=on -c full_page_writes=on -c min_wal_size=1GB"
 fi
 "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
   -o "-k $dir -c listen_addresses= $durability -c max_connections=300" start >/dev/null ||
   { cat "$dir/server.log" >&2; exit 1; }
 
 export KEYSERVER_TEST_POSTGRES="postgres:///postgres?host=$dir&user=postgres&sslmode=disable"
+if [ "${KEYSERVER_PG_DURABLE:-}" = 1 ]; then
+  # A cluster in service writes its log into segments its checkpoints
+  # freed. A new one has none: it creates each 16 MB segment when the log
+  # reaches it, writing it full of zeros and syncing it while every commit
+  # waits (40-60 ms here, every ~2.5 s of room messages). So that a
+  # benchmark meets the cluster as it runs in service, 64 segments (1 GB)
+  # are filled here and a checkpoint frees them for reuse (~4 s).
+  psql=psql
+  [ -x "$bindir/psql" ] && psql=$bindir/psql
+  "$psql" -qX -v ON_ERROR_STOP=1 "$KEYSERVER_TEST_POSTGRES" -c "CREATE TABLE wal_warm (n INT)" \
+    -c 'DO $$ BEGIN FOR i IN 1..64 LOOP INSERT INTO wal_warm VALUES (i); PERFORM pg_switch_wal(); END LOOP; END $$' \
+    -c "DROP TABLE wal_warm" -c "CHECKPOINT" >/dev/null
+fi
 export KEYSERVER_TEST_POSTGRES_DATA="$dir/data"
 echo "with-postgres: throwaway PostgreSQL at $dir ($durability)" >&2
 "$@"
