@@ -65,7 +65,7 @@ bench_one() { # name database-uri [postgres-data-dir]
   echo "== $name$([ "$DAEMONS" -gt 1 ] && echo ", $DAEMONS daemons on one database")"
   if [[ $db == postgres* ]]; then
     echo "PostgreSQL settings: $(psql -Atc "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
-      WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes')" "$db" 2>/dev/null || echo "unknown (psql failed)")"
+      WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'min_wal_size')" "$db" 2>/dev/null || echo "unknown (psql failed)")"
   fi
   bin/keyserver-bench -url "$(IFS=,; echo "${urls[*]}")" -pid "$(IFS=,; echo "${pids[*]}")" -admin-token bench-admin \
     -metrics-url "$(IFS=,; echo "${metrics[*]}")" "${extra[@]}" "${BENCH_ARGS[@]}" || status=1
@@ -91,7 +91,8 @@ if [ -z "${INNER:-}" ]; then
   fi
   if [ -z "${KEYSERVER_TEST_POSTGRES:-}" ]; then
     # A throwaway cluster with fsync and synchronous_commit on, as
-    # PostgreSQL runs by default.
+    # PostgreSQL runs by default, its log segments ready for reuse as in a
+    # cluster in service (see with-postgres.sh).
     INNER=1 DAEMONS=$DAEMONS BENCH_STATUS=$status KEYSERVER_PG_DURABLE=1 exec scripts/with-postgres.sh "$0" "${BENCH_ARGS[@]}"
   fi
 fi
