@@ -256,8 +256,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	return nil
 }
 
-// printResults prints the table of the phases, the empty claims, and the
-// CPU time per request when it was measured.
+// printResults prints the table of the phases, the empty claims and
+// refused uploads, and the CPU time per request when it was measured.
 func printResults(out io.Writer, results []phaseResult, o options) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\trequests\treq/s\tp50 ms\tp90 ms\tp99 ms\terrors\t")
@@ -265,11 +265,12 @@ func printResults(out io.Writer, results []phaseResult, o options) {
 		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t\n", r.name, r.requests, r.rate, r.p50, r.p90, r.p99, r.errors)
 	}
 	tw.Flush()
-	empty := 0
+	empty, full := 0, 0
 	for _, r := range results {
-		empty += r.empty
+		empty, full = empty+r.empty, full+r.full
 	}
 	fmt.Fprintf(out, "claims that found no key (not in requests or req/s): %d\n", empty)
+	fmt.Fprintf(out, "uploads refused with every device at the cap (not in requests or req/s): %d\n", full)
 	printCPU(out, results, len(o.pids))
 }
 
@@ -342,12 +343,32 @@ func answer(method, path string, status int, raw []byte, out any) error {
 			method, path, status, bytes.TrimSpace(raw))
 	}
 	if status != http.StatusOK {
-		return fmt.Errorf("%s %s: %d %s", method, path, status, bytes.TrimSpace(raw))
+		return &statusError{method: method, path: path, status: status, body: bytes.TrimSpace(raw)}
 	}
 	if out != nil {
 		return json.Unmarshal(raw, out)
 	}
 	return nil
+}
+
+// statusError is an answer other than 200 OK.
+type statusError struct {
+	method, path string
+	status       int
+	body         []byte
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("%s %s: %d %s", e.method, e.path, e.status, e.body)
+}
+
+// errcode is the Matrix error code of the answer, if it has one.
+func (e *statusError) errcode() string {
+	var m struct {
+		Errcode string `json:"errcode"`
+	}
+	_ = json.Unmarshal(e.body, &m)
+	return m.Errcode
 }
 
 func b64(p []byte) string { return base64.RawStdEncoding.EncodeToString(p) }
@@ -725,17 +746,27 @@ type uploadCounts struct {
 	OneTimeKeyCounts map[string]int64 `json:"one_time_key_counts"`
 }
 
+// errUploadFull is an upload refused by the server's cap (400
+// M_INVALID_PARAM) when the tool had found no device with room for it:
+// counted apart, not in the phase's rate. It means the room made before
+// the phase (-upload-room) ran out, not that the server failed.
+var errUploadFull = errors.New("upload refused: every device was at the cap")
+
 // uploadKeys uploads fresh keys to a random device that has room for them
 // below the server's cap: at thousands of uploads a second, random devices
 // would otherwise reach the cap within a phase, which no client does (it
 // uploads when its count runs low). When no device has room the upload
-// goes ahead, and its refusal counts as an error.
+// goes ahead, and its refusal is counted apart (errUploadFull).
 func (b *bench) uploadKeys(ctx context.Context, c *client) error {
 	d, reserved := b.deviceWithRoom(c.rng, b.o.upload)
 	var counts uploadCounts
 	if err := c.send(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
 		if reserved {
 			d.unclaimed.Add(-int64(b.o.upload)) // the keys did not go in
+		}
+		var se *statusError
+		if !reserved && errors.As(err, &se) && se.status == http.StatusBadRequest && se.errcode() == "M_INVALID_PARAM" {
+			return errUploadFull
 		}
 		return err
 	}
@@ -763,9 +794,11 @@ type phaseResult struct {
 	name             string
 	requests, errors int
 	empty            int // claims answered without a key: not in requests or rate
+	full             int // uploads refused with every device full: not in requests or rate
 	rate             float64
 	p50, p90, p99    float64 // milliseconds
-	// CPU time per request answered (empty claims included) in µs, of the
+	// CPU time per request answered (empty claims and full uploads
+	// included) in µs, of the
 	// daemons, of PostgreSQL and of the tool; -1 when not measured.
 	daemonCPU, postgresCPU, toolCPU float64
 }
@@ -797,7 +830,7 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 	}
 	timeUp, cancel := context.WithTimeout(ctx, b.o.duration)
 	defer cancel()
-	var done, failed, empty atomic.Int64
+	var done, failed, empty, full atomic.Int64
 	lat := make([][]time.Duration, b.o.clients)
 	firstErr := atomic.Value{}
 	var wg sync.WaitGroup
@@ -820,6 +853,10 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 				}
 				if errors.Is(err, errEmptyClaim) {
 					empty.Add(1)
+					continue
+				}
+				if errors.Is(err, errUploadFull) {
+					full.Add(1)
 					continue
 				}
 				lat[c] = append(lat[c], time.Since(t))
@@ -867,8 +904,12 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 	if n := empty.Load(); n > 0 {
 		fmt.Fprintf(out, "  %s: %d claims found no key (not counted in the rate)\n", name, n)
 	}
-	answered := len(all) + int(empty.Load())
-	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), empty: int(empty.Load()),
+	if n := full.Load(); n > 0 {
+		fmt.Fprintf(out, "  %s: %d uploads found every device at the cap and were refused (not counted in the rate): "+
+			"the room made before the phase ran out (-upload-room; more -devices make more)\n", name, n)
+	}
+	answered := len(all) + int(empty.Load()) + int(full.Load())
+	return phaseResult{name: name, requests: len(all), errors: int(failed.Load()), empty: int(empty.Load()), full: int(full.Load()),
 		rate: float64(len(all)) / elapsed.Seconds(), p50: pct(0.50), p90: pct(0.90), p99: pct(0.99),
 		daemonCPU:   perRequest(cpuBefore.daemons, cpuAfter.daemons, answered),
 		postgresCPU: perRequest(cpuBefore.postgres, cpuAfter.postgres, answered),

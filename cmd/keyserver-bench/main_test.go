@@ -134,6 +134,34 @@ func TestEmptyClaimsCountedApart(t *testing.T) {
 	}
 }
 
+// When the room made for uploads runs out, the uploads the server refuses
+// at its cap are counted apart, not as errors and not in the rate: one
+// device of 450 keys under a cap of 500 takes exactly ten uploads of 5.
+func TestUploadsRefusedAtTheCapCountedApart(t *testing.T) {
+	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
+	var out bytes.Buffer
+	o := options{urls: []string{srv.URL}, users: 1, devices: 1, otks: 450, clients: 2, queryUsers: 1, upload: 5,
+		duration: time.Second, phases: "upload", seed: 1, keyCap: 500}
+	if err := run(context.Background(), o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	requests, errs, full := -1, -1, -1
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] == "upload" {
+			fmt.Sscan(f[1], &requests)
+			fmt.Sscan(f[6], &errs)
+		}
+		fmt.Sscanf(line, "uploads refused with every device at the cap (not in requests or req/s): %d", &full)
+	}
+	if requests != 10 || errs != 0 || full <= 0 {
+		t.Fatalf("want 10 uploads, no errors and the refused ones apart; got %d, %d errors, %d refused\n%s",
+			requests, errs, full, out.String())
+	}
+	if !strings.Contains(out.String(), "the room made before the phase ran out") {
+		t.Fatalf("the output does not say why uploads were refused:\n%s", out.String())
+	}
+}
+
 // Claims go to devices the tool knows to have keys left.
 func TestClaimsGoWhereThereAreKeys(t *testing.T) {
 	b := &bench{}
