@@ -797,9 +797,9 @@ type phaseResult struct {
 	full             int // uploads refused with every device full: not in requests or rate
 	rate             float64
 	p50, p90, p99    float64 // milliseconds
-	// CPU time per request answered (empty claims and full uploads
-	// included) in µs, of the
-	// daemons, of PostgreSQL and of the tool; -1 when not measured.
+	// CPU time per request answered (empty claims and refused uploads
+	// included) in µs, of the daemons, of PostgreSQL and of the tool; -1
+	// when not measured.
 	daemonCPU, postgresCPU, toolCPU float64
 }
 
