@@ -747,9 +747,11 @@ type uploadCounts struct {
 }
 
 // errUploadFull is an upload refused by the server's cap (400
-// M_INVALID_PARAM) when the tool had found no device with room for it:
-// counted apart, not in the phase's rate. It means the room made before
-// the phase (-upload-room) ran out, not that the server failed.
+// M_INVALID_PARAM): counted apart, not in the phase's rate. It means the
+// room made before the phase (-upload-room) ran out, not that the server
+// failed: either the tool had found no device with room, or the device it
+// had reserved room on was filled by such an upload sent at the same
+// moment (one sent without room succeeds while reservations are in flight).
 var errUploadFull = errors.New("upload refused: every device was at the cap")
 
 // uploadKeys uploads fresh keys to a random device that has room for them
@@ -761,12 +763,17 @@ func (b *bench) uploadKeys(ctx context.Context, c *client) error {
 	d, reserved := b.deviceWithRoom(c.rng, b.o.upload)
 	var counts uploadCounts
 	if err := c.send(ctx, "POST", "/_matrix/client/v3/keys/upload", d.token, d.uploadBody(b.o.upload), &counts); err != nil {
+		var se *statusError
+		if errors.As(err, &se) && se.status == http.StatusBadRequest && se.errcode() == "M_INVALID_PARAM" {
+			// The server holds as many keys as it takes: the device is
+			// full, whatever the tool had counted. Giving the reserved
+			// room back would have the tool count room the server does not
+			// have, and every later upload there refused.
+			d.noteUploadCount(int64(b.o.keyCap))
+			return errUploadFull
+		}
 		if reserved {
 			d.unclaimed.Add(-int64(b.o.upload)) // the keys did not go in
-		}
-		var se *statusError
-		if !reserved && errors.As(err, &se) && se.status == http.StatusBadRequest && se.errcode() == "M_INVALID_PARAM" {
-			return errUploadFull
 		}
 		return err
 	}
@@ -870,7 +877,9 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	progressDone := make(chan struct{})
 	go func() {
+		defer close(progressDone)
 		for {
 			select {
 			case <-timeUp.Done():
@@ -883,6 +892,7 @@ func (b *bench) phase(ctx context.Context, name string, op op, out io.Writer) (p
 	}()
 	wg.Wait()
 	elapsed := time.Since(start)
+	<-progressDone // its last line may still be being written to out
 	cpuAfter, err := b.cpu.read()
 	if err != nil {
 		return phaseResult{}, err

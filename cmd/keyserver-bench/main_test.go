@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
@@ -159,6 +161,42 @@ func TestUploadsRefusedAtTheCapCountedApart(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "the room made before the phase ran out") {
 		t.Fatalf("the output does not say why uploads were refused:\n%s", out.String())
+	}
+}
+
+// An upload refused at the cap on a device the tool had reserved room on
+// (an upload sent without room took it at the same moment) leaves the
+// device counted full: giving the room back would have every later upload
+// there refused.
+func TestUploadRefusedOnReservedRoomLeavesTheDeviceFull(t *testing.T) {
+	var uploads atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		uploads.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"errcode":"M_INVALID_PARAM","error":"a device may hold at most 500 unclaimed one-time keys"}`)
+	}))
+	t.Cleanup(srv.Close)
+	_, key, _ := ed25519.GenerateKey(nil)
+	d := &device{userID: "@u:example.org", deviceID: "D", token: "t", key: key}
+	d.unclaimed.Store(495) // room for one upload of 5
+	b := &bench{o: options{upload: 5, keyCap: 500}, devices: []*device{d}}
+	cl := &client{rng: mrand.New(mrand.NewPCG(1, 2)), url: srv.URL}
+	defer func() {
+		if cl.conn != nil {
+			cl.conn.close()
+		}
+	}()
+	for i := range 2 {
+		if err := b.uploadKeys(context.Background(), cl); !errors.Is(err, errUploadFull) {
+			t.Fatalf("upload %d: %v, want it counted as refused at the cap", i, err)
+		}
+		if n := d.unclaimed.Load(); n != 500 {
+			t.Fatalf("after upload %d the tool counts %d keys on the device, want 500 (full)", i, n)
+		}
+	}
+	if n := uploads.Load(); n != 2 {
+		t.Fatalf("%d uploads reached the server, want 2", n)
 	}
 }
 
