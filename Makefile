@@ -2,7 +2,7 @@
 # make run    builds and starts the daemon on the embedded SQLite default
 # make test   runs every test, on SQLite and on PostgreSQL
 # make bench  measures the daemon with keyserver-bench on SQLite and PostgreSQL
-#             (BENCH_ARGS="--daemons 2", BENCH_ARGS="-phases sync": see README)
+#             (BENCH_ARGS="--daemons 2", BENCH_ARGS="-phases sync": see docs/benchmarks.md)
 GO       ?= go
 ARGS     ?=
 # goolm: mautrix-go's pure-Go Olm, for the tests that drive the server with
