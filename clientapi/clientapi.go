@@ -28,6 +28,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
+	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -56,6 +57,8 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// PublicRooms serves the public room directory; nil: not served.
+	PublicRooms *publicrooms.Service
 	// PushRules serves /pushrules; nil: not served.
 	PushRules *pushrules.Service
 	// Profiles serves /profile; nil: not served.
@@ -128,6 +131,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
 		a.pushRuleRoutes(s)
+		a.publicRoomRoutes(s)
 		a.profileRoutes(s)
 		a.roomRoutes(s, prefixed{rooms, prefix})
 		a.toDeviceRoutes(s)

@@ -158,3 +158,20 @@ func nonNilRaw(s []json.RawMessage) []json.RawMessage {
 	}
 	return s
 }
+
+// PublicRooms asks a server for a page of its public room directory:
+// POST /publicRooms with body when it is not nil (a filter), else GET
+// with query. The answer is returned as the server sent it.
+func (c *Client) PublicRooms(ctx context.Context, dest string, body any, query url.Values) (json.RawMessage, error) {
+	var out json.RawMessage
+	path := "/_matrix/federation/v1/publicRooms"
+	if body != nil {
+		err := c.Do(ctx, "POST", dest, path, body, &out)
+		return out, err
+	}
+	if len(query) > 0 {
+		path += "?" + query.Encode()
+	}
+	err := c.Do(ctx, "GET", dest, path, nil, &out)
+	return out, err
+}

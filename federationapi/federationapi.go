@@ -48,6 +48,8 @@ type Options struct {
 	// nil: not served.
 	Rooms           Rooms
 	MaxRequestBytes int64
+	// PublicRooms answers /publicRooms; nil: not served.
+	PublicRooms PublicRooms
 	// Profiles answers /query/profile; nil: not served.
 	Profiles Profiles
 	// Membership answers the membership handshakes; nil: none.
@@ -105,6 +107,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.membershipRoutes(r)
 	a.roomRoutes(r)
 	a.profileRoutes(r)
+	a.publicRoomRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 

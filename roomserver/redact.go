@@ -65,28 +65,57 @@ func (s *Service) redaction(ctx context.Context, ev gomatrixserverlib.PDU) (*sto
 
 // mayRedactOthers reports whether a user has a room's redact level now.
 func (s *Service) mayRedactOthers(ctx context.Context, roomID string, sender spec.SenderID) (bool, error) {
+	pl, err := s.powerLevels(ctx, roomID)
+	if err != nil || pl == nil {
+		return false, err
+	}
+	return pl.UserLevel(sender) >= pl.Redact, nil
+}
+
+// powerLevels are a room's power levels now (the spec's defaults when it
+// has no power levels event); nil when its state cannot be read as a
+// room's (no create event).
+func (s *Service) powerLevels(ctx context.Context, roomID string) (*gomatrixserverlib.PowerLevelContent, error) {
 	stored, err := s.db.RoomStateEvents(ctx, roomID,
 		[]storage.StateKey{{Type: spec.MRoomCreate}, {Type: spec.MRoomPowerLevels}})
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	evs, err := pdus(stored)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	ae, err := authEventsFrom(evs)
 	if err != nil {
-		return false, nil
+		return nil, nil
 	}
 	create, err := ae.Create()
 	if err != nil || create == nil {
-		return false, err
+		return nil, err
 	}
 	pl, err := gomatrixserverlib.NewPowerLevelContentFromAuthEvents(ae, string(create.SenderID()))
 	if err != nil {
-		return false, nil
+		return nil, nil
 	}
-	return pl.UserLevel(sender) >= pl.Redact, nil
+	return &pl, nil
+}
+
+// CheckDirectoryChange allows a user to list a room in the public room
+// directory or take it out, as Synapse decides it: a joined member with
+// the power level to set the room's canonical alias. 404 for a room this
+// server does not know, 403 otherwise.
+func (s *Service) CheckDirectoryChange(ctx context.Context, userID, roomID string) error {
+	if err := s.joined(ctx, roomID, userID); err != nil {
+		return err
+	}
+	pl, err := s.powerLevels(ctx, roomID)
+	if err != nil {
+		return err
+	}
+	if pl == nil || pl.UserLevel(spec.SenderID(userID)) < pl.EventLevel(spec.MRoomCanonicalAlias, true) {
+		return mxerr.Forbidden("you may not change the room's entry in the room directory")
+	}
+	return nil
 }
 
 // Redact redacts an event of a room (PUT /rooms/{roomId}/redact/...);

@@ -199,3 +199,10 @@ func NewRoomHead() int64 {
 		}
 	}
 }
+
+// PublishedRoom is a room of the public room directory with its number of
+// joined members.
+type PublishedRoom struct {
+	RoomID        string
+	JoinedMembers int
+}

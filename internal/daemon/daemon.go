@@ -35,6 +35,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
+	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
@@ -275,6 +276,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.ks.SetPDUReceiver(rooms)
 	profiles := profile.New(store, cfg.ServerName, d.fed, rooms, log)
 	rooms.SetProfiles(profiles)
+	publicRooms := publicrooms.New(store, rooms, d.fed, cfg.ServerName, log)
 	d.parker = httppark.New(httppark.Options{WriteTimeout: cfg.ClientAPI.WriteTimeout.Duration(), Logger: log})
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
@@ -287,12 +289,14 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
-			AccountData:     accountdata.New(store, d.ks.StreamAdvanced), PushRules: pushrules.New(store, d.ks.StreamAdvanced),
-			Rooms:      rooms,
-			Profiles:   profiles,
-			ToDevice:   toDevice,
-			Dehydrated: dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
-			Parker:     d.parker,
+			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
+			PushRules:       pushrules.New(store, d.ks.StreamAdvanced),
+			PublicRooms:     publicRooms,
+			Rooms:           rooms,
+			Profiles:        profiles,
+			ToDevice:        toDevice,
+			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
+			Parker:          d.parker,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),
@@ -308,6 +312,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			KeyRing:         keyRing,
 			Membership:      rooms,
 			Profiles:        profiles,
+			PublicRooms:     publicRooms,
 			OnAuthenticated: d.serverAlive,
 			Rooms:           rooms,
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,

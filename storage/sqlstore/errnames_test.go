@@ -12,6 +12,7 @@ import (
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -47,6 +48,7 @@ func TestErrorsNameTheOperation(t *testing.T) {
 			reflect.TypeOf((*keyserver.AccountDataSource)(nil)).Elem(),
 			reflect.TypeOf((*sender.PDUQueue)(nil)).Elem(),
 			reflect.TypeOf((*roomserver.Store)(nil)).Elem(),
+			reflect.TypeOf((*publicrooms.Store)(nil)).Elem(),
 		} {
 			for i := 0; i < iface.NumMethod(); i++ {
 				methods = append(methods, iface.Method(i).Name)
