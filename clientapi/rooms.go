@@ -171,7 +171,14 @@ func (a *API) roomStateEvent(r *http.Request, c keyserver.Caller) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.opts.Rooms.StateContent(r.Context(), c.UserID, v[0], v[1], v[2])
+	ev, err := a.opts.Rooms.StateEvent(r.Context(), c.UserID, v[0], v[1], v[2])
+	if err != nil {
+		return nil, err
+	}
+	if r.URL.Query().Get("format") == "event" {
+		return ev, nil
+	}
+	return ev.Content, nil
 }
 
 func (a *API) roomMembers(r *http.Request, c keyserver.Caller) (any, error) {
@@ -260,12 +267,20 @@ func (a *API) join(param string) authedHandler {
 		if err != nil {
 			return nil, err
 		}
-		var req membershipRequest
-		if err := a.decodeOptional(r, &req); err != nil {
+		var body map[string]json.RawMessage
+		if err := a.decodeOptional(r, &body); err != nil {
 			return nil, err
 		}
-		// server_name (repeatable): servers to join a remote room through.
-		roomID, err := a.opts.Rooms.Join(r.Context(), c.UserID, target, req.Reason, r.URL.Query()["server_name"])
+		if reason, ok := body["reason"]; ok {
+			var s string
+			if json.Unmarshal(reason, &s) != nil {
+				return nil, mxerr.BadJSON("reason must be a string")
+			}
+		}
+		// server_name (repeatable): servers to join a remote room through;
+		// via, its newer name.
+		via := append(r.URL.Query()["server_name"], r.URL.Query()["via"]...)
+		roomID, err := a.opts.Rooms.Join(r.Context(), c.UserID, target, body, via)
 		if err != nil {
 			return nil, err
 		}

@@ -190,7 +190,7 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 		steps = append(steps, struct {
 			evType, stateKey string
 			content          any
-		}{"m.room.topic", "", map[string]any{"topic": *req.Topic}})
+		}{"m.room.topic", "", topicContent(*req.Topic)})
 	}
 	var remoteInvites []string
 	for _, u := range req.Invite {
@@ -227,12 +227,25 @@ func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoom
 		return "", err
 	}
 	s.written(res)
+	// The room exists either way; a failed invite is the caller's answer
+	// (as Synapse answers it), the first one the others are tried after.
+	var inviteErr error
 	for _, u := range remoteInvites {
 		if err := s.invite(ctx, creator, roomID, u, inviteContent(req.IsDirect)); err != nil {
 			s.opts.Logger.WithField("room_id", roomID).WithField("invitee", u).WithError(err).Info("an invite of a new room failed")
+			if inviteErr == nil {
+				inviteErr = err
+			}
 		}
 	}
-	return roomID, nil
+	return roomID, inviteErr
+}
+
+// topicContent is an m.room.topic's content: the plain topic, and the
+// same as the rich m.topic clients of the current spec read.
+func topicContent(topic string) map[string]any {
+	return map[string]any{"topic": topic,
+		"m.topic": map[string]any{"m.text": []any{map[string]any{"body": topic, "mimetype": "text/plain"}}}}
 }
 
 func inviteContent(direct bool) map[string]any {

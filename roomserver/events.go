@@ -1,6 +1,7 @@
 package roomserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,11 +93,36 @@ func (s *Service) SendState(ctx context.Context, sender, roomID, evType, stateKe
 	if evType == spec.MRoomCreate {
 		return "", mxerr.BadJSON("a room has one create event")
 	}
+	// The same content set again by the same sender makes no new event:
+	// its answer is the event that set it (as Synapse does).
+	if same, err := s.sameState(ctx, roomID, sender, evType, stateKey, content); err != nil || same != "" {
+		return same, err
+	}
 	ev, err := s.send(ctx, roomID, sender, evType, &stateKey, content, nil)
 	if err != nil {
 		return "", err
 	}
 	return ev.EventID(), nil
+}
+
+// sameState returns the ID of the room's current state event of that
+// type and key when sender sent it with content equal to content
+// (compared as canonical JSON); "" otherwise.
+func (s *Service) sameState(ctx context.Context, roomID, sender, evType, stateKey string, content json.RawMessage) (string, error) {
+	stored, err := s.db.RoomStateEvents(ctx, roomID, []storage.StateKey{{Type: evType, StateKey: stateKey}})
+	if err != nil || len(stored) != 1 || stored[0].Sender != sender {
+		return "", err
+	}
+	old, err := pdu(stored[0])
+	if err != nil {
+		return "", err
+	}
+	a, errA := gomatrixserverlib.CanonicalJSON(old.Content())
+	b, errB := gomatrixserverlib.CanonicalJSON(content)
+	if errA != nil || errB != nil || !bytes.Equal(a, b) {
+		return "", nil
+	}
+	return old.EventID(), nil
 }
 
 // visible checks that the user may read a room now: a member (joined).
@@ -159,18 +185,20 @@ func (s *Service) stateWhenLeft(ctx context.Context, userID, roomID string, notI
 	return clientEvents(append(after, member[0]))
 }
 
-// StateContent returns the content of one piece of a room's state.
-func (s *Service) StateContent(ctx context.Context, userID, roomID, evType, stateKey string) (json.RawMessage, error) {
+// StateEvent returns one piece of a room's state (GET
+// /rooms/{roomId}/state/{type}/{key}, whose answer is its content, or the
+// whole event with format=event).
+func (s *Service) StateEvent(ctx context.Context, userID, roomID, evType, stateKey string) (ClientEvent, error) {
 	state, err := s.State(ctx, userID, roomID)
 	if err != nil {
-		return nil, err
+		return ClientEvent{}, err
 	}
 	for _, ev := range state {
 		if ev.Type == evType && ev.StateKey != nil && *ev.StateKey == stateKey {
-			return ev.Content, nil
+			return ev, nil
 		}
 	}
-	return nil, mxerr.NotFound("no state of type %q and key %q", evType, stateKey)
+	return ClientEvent{}, mxerr.NotFound("no state of type %q and key %q", evType, stateKey)
 }
 
 // MembersRequest is a /members request: At, a stream token, asks for the
@@ -264,8 +292,12 @@ type JoinedMember struct {
 	AvatarURL   *string `json:"avatar_url"`
 }
 
-// JoinedMembers returns a room's joined members with their profiles.
+// JoinedMembers returns a room's joined members with their profiles, to
+// a joined member only (as Synapse: one who left gets 403).
 func (s *Service) JoinedMembers(ctx context.Context, userID, roomID string) (map[string]JoinedMember, error) {
+	if err := s.joined(ctx, roomID, userID); err != nil {
+		return nil, err
+	}
 	members, err := s.Members(ctx, MembersRequest{UserID: userID, RoomID: roomID})
 	if err != nil {
 		return nil, err

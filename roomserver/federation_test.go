@@ -50,7 +50,7 @@ func TestRemoteAliasTimeout(t *testing.T) {
 		_, err := rooms.ResolveAlias(context.Background(), "#room:"+silentServer(t))
 		expect504(t, err)
 		// Another silent server (this one now backs off, which is a 502).
-		_, err = rooms.Join(context.Background(), "@alice:test.local", "#room:"+silentServer(t), "", nil)
+		_, err = rooms.Join(context.Background(), "@alice:test.local", "#room:"+silentServer(t), nil, nil)
 		expect504(t, err)
 		// The bound is generous: this checks that the wait ends, not how fast.
 		if elapsed := time.Since(start); elapsed > 10*time.Second {

@@ -2,6 +2,7 @@ package roomserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -22,7 +23,12 @@ import (
 // server is in is joined with a local event; any other is joined over
 // federation through via (the client's server_name), the servers an
 // alias named, the inviter's server, and the room ID's server, in turn.
-func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string, via []string) (string, error) {
+//
+// extra is the rest of the request's body (reason and any other field):
+// it goes into the join event's content, as in Synapse, under the
+// membership this server sets; the user's profile fills displayname and
+// avatar_url where extra has none.
+func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias string, extra map[string]json.RawMessage, via []string) (string, error) {
 	roomID := roomIDOrAlias
 	servers := slices.Clone(via)
 	if strings.HasPrefix(roomIDOrAlias, "#") {
@@ -47,10 +53,13 @@ func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias, reason string
 	if m == spec.Join && local {
 		return roomID, nil
 	}
-	content := map[string]any{"membership": spec.Join}
-	if reason != "" {
-		content["reason"] = reason
+	content := map[string]any{}
+	for k, v := range extra {
+		if k != "third_party_signed" {
+			content[k] = v
+		}
 	}
+	content["membership"] = spec.Join
 	if content, err = s.withProfile(ctx, userID, content); err != nil {
 		return "", err
 	}

@@ -35,10 +35,11 @@ func (s *Service) withProfile(ctx context.Context, userID string, content map[st
 	} else if err != nil {
 		return nil, err
 	}
-	if p.DisplayName != "" {
+	// A name or avatar the request gave (a per-room one) is kept.
+	if _, given := content["displayname"]; !given && p.DisplayName != "" {
 		content["displayname"] = p.DisplayName
 	}
-	if p.AvatarURL != "" {
+	if _, given := content["avatar_url"]; !given && p.AvatarURL != "" {
 		content["avatar_url"] = p.AvatarURL
 	}
 	return content, nil

@@ -68,7 +68,7 @@ func benchmarkSend(b *testing.B, db testutil.Database) {
 			if u == users[r] {
 				continue
 			}
-			if _, err := rooms.Join(ctx, u, id, "", nil); err != nil {
+			if _, err := rooms.Join(ctx, u, id, nil, nil); err != nil {
 				b.Fatal(err)
 			}
 		}

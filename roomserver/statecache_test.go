@@ -60,7 +60,7 @@ func TestStateReadCarriedOverStateChanges(t *testing.T) {
 			}
 		}
 		send("@alice:test.local", "1")
-		if _, err := rooms.Join(ctx, "@bob:test.local", roomID, "", nil); err != nil {
+		if _, err := rooms.Join(ctx, "@bob:test.local", roomID, nil, nil); err != nil {
 			t.Fatal(err)
 		}
 		before := counting.snapshotReads.Load()
