@@ -498,6 +498,7 @@ func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
+	req.Timeout = req.Timeout.Or(keyserver.ParseTimeout(r.URL.Query().Get("timeout")))
 	return a.ks.QueryKeys(r.Context(), c, req)
 }
 
@@ -522,6 +523,7 @@ func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
+	req.Timeout = req.Timeout.Or(keyserver.ParseTimeout(r.URL.Query().Get("timeout")))
 	return a.ks.ClaimKeys(r.Context(), c, req)
 }
 
