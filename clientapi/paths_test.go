@@ -84,3 +84,20 @@ func TestUnstableCrossSigningAndBackup(t *testing.T) {
 		}
 	})
 }
+
+// /versions names the features served that clients look for, and no
+// others.
+func TestVersionsUnstableFeatures(t *testing.T) {
+	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
+	body := srv.Must(t, "GET", "/_matrix/client/versions", "", nil)
+	features, _ := body["unstable_features"].(map[string]any)
+	want := map[string]any{"org.matrix.e2e_cross_signing": true, "org.matrix.msc3814": true}
+	if len(features) != len(want) {
+		t.Fatalf("unstable_features %v, want %v", features, want)
+	}
+	for k, v := range want {
+		if features[k] != v {
+			t.Fatalf("unstable_features %v, want %v", features, want)
+		}
+	}
+}
