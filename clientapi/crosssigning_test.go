@@ -87,6 +87,7 @@ func TestCrossSigningUploadRejections(t *testing.T) {
 			"key misnamed":          {map[string]any{"master_key": misnamed}, 400, "M_INVALID_PARAM"},
 			"no user_id":            {map[string]any{"master_key": noUser}, 400, "M_MISSING_PARAM"},
 			"not an object":         {map[string]any{"master_key": "key"}, 400, "M_INVALID_PARAM"},
+			"a list":                {map[string]any{"master_key": []any{}}, 400, "M_INVALID_PARAM"},
 			"self-signing key without any master key": {map[string]any{"self_signing_key": xs.SelfSigningKey(t)}, 400, "M_MISSING_PARAM"},
 			"self-signing key signed by another key": {map[string]any{"master_key": xs.MasterKey(),
 				"self_signing_key": testutil.SignWith(t, testutil.KeyObject(alice.UserID, "self_signing", xs.SelfSigning), alice.UserID, other.Master)}, 400, "M_INVALID_SIGNATURE"},
