@@ -100,42 +100,42 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 
 	r.Handle("/_matrix/client/versions", a.public(a.versions)).Methods(http.MethodGet)
 	// Full paths rather than subrouters: a subrouter would answer a known
-	// path with the wrong method 404 instead of 405.
-	for _, prefix := range []string{"/_matrix/client/v3", "/_matrix/client/r0"} {
-		s := prefixed{r, prefix}
-		s.Handle("/register", a.public(a.register)).Methods(http.MethodPost)
-		s.Handle("/register/available", a.public(a.available)).Methods(http.MethodGet)
-		s.Handle("/login", a.public(a.loginFlows)).Methods(http.MethodGet)
-		s.Handle("/login", a.public(a.login)).Methods(http.MethodPost)
-		s.Handle("/logout", a.authed(a.logout)).Methods(http.MethodPost)
-		s.Handle("/logout/all", a.authed(a.logoutAll)).Methods(http.MethodPost)
-		s.Handle("/account/whoami", a.authed(a.whoami)).Methods(http.MethodGet)
-		s.Handle("/account/password", a.authed(a.changePassword)).Methods(http.MethodPost)
-		s.Handle("/account/deactivate", a.authed(a.deactivate)).Methods(http.MethodPost)
-		s.Handle("/account/3pid", a.authed(a.threePIDs)).Methods(http.MethodGet)
-		s.Handle("/capabilities", a.authed(a.capabilities)).Methods(http.MethodGet)
-		s.Handle("/devices", a.authed(a.devices)).Methods(http.MethodGet)
-		s.Handle("/devices/{deviceId}", a.authed(a.device)).Methods(http.MethodGet)
-		s.Handle("/devices/{deviceId}", a.authed(a.renameDevice)).Methods(http.MethodPut)
-		s.Handle("/devices/{deviceId}", a.authed(a.deleteDevice)).Methods(http.MethodDelete)
-		s.Handle("/delete_devices", a.authed(a.deleteDevices)).Methods(http.MethodPost)
-		s.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
-		// r0 clients may name their device in the path; the token decides.
-		s.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
-		s.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
-		s.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
-		s.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
-		s.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
-		s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
-		a.keyBackupRoutes(s)
-		a.accountDataRoutes(s)
-		a.pushRuleRoutes(s)
-		a.publicRoomRoutes(s)
-		a.profileRoutes(s)
-		a.roomRoutes(s, prefixed{rooms, prefix})
-		a.toDeviceRoutes(s)
-	}
+	// path with the wrong method 404 instead of 405. Each endpoint is one
+	// route, its versions a pattern of its path (see clientVersions).
+	s := prefixed{r, clientVersions}
+	e2e := s.alsoUnstable()
+	s.Handle("/register", a.public(a.register)).Methods(http.MethodPost)
+	s.Handle("/register/available", a.public(a.available)).Methods(http.MethodGet)
+	s.Handle("/login", a.public(a.loginFlows)).Methods(http.MethodGet)
+	s.Handle("/login", a.public(a.login)).Methods(http.MethodPost)
+	s.Handle("/logout", a.authed(a.logout)).Methods(http.MethodPost)
+	s.Handle("/logout/all", a.authed(a.logoutAll)).Methods(http.MethodPost)
+	s.Handle("/account/whoami", a.authed(a.whoami)).Methods(http.MethodGet)
+	s.Handle("/account/password", a.authed(a.changePassword)).Methods(http.MethodPost)
+	s.Handle("/account/deactivate", a.authed(a.deactivate)).Methods(http.MethodPost)
+	s.Handle("/account/3pid", a.authed(a.threePIDs)).Methods(http.MethodGet)
+	s.Handle("/capabilities", a.authed(a.capabilities)).Methods(http.MethodGet)
+	e2e.Handle("/devices", a.authed(a.devices)).Methods(http.MethodGet)
+	e2e.Handle("/devices/{deviceId}", a.authed(a.device)).Methods(http.MethodGet)
+	e2e.Handle("/devices/{deviceId}", a.authed(a.renameDevice)).Methods(http.MethodPut)
+	e2e.Handle("/devices/{deviceId}", a.authed(a.deleteDevice)).Methods(http.MethodDelete)
+	e2e.Handle("/delete_devices", a.authed(a.deleteDevices)).Methods(http.MethodPost)
+	e2e.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
+	// r0 clients may name their device in the path; the token decides.
+	e2e.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
+	e2e.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
+	e2e.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
+	e2e.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
+	e2e.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
+	e2e.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
+	s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
+	a.keyBackupRoutes(e2e)
+	a.accountDataRoutes(s)
+	a.pushRuleRoutes(s)
+	a.publicRoomRoutes(s)
+	a.profileRoutes(s)
+	a.roomRoutes(s, prefixed{rooms, clientVersions})
+	a.toDeviceRoutes(e2e)
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
@@ -183,9 +183,29 @@ func (s splitRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.rest.ServeHTTP(w, r)
 }
 
+// clientVersions is the start of every client endpoint's path: each is
+// served under r0 and v3, from one route whose path has the version as a
+// pattern. clientVersionsUnstable serves it under unstable too: the
+// endpoints that clients first called there (end-to-end keys, devices,
+// to-device messages, key backup), as older clients and test tools still
+// do.
+const (
+	clientVersions         = "/_matrix/client/{" + httpmetrics.APIVersionVar + ":(?:r0|v3)}"
+	clientVersionsUnstable = "/_matrix/client/{" + httpmetrics.APIVersionVar + ":(?:r0|v3|unstable)}"
+)
+
+// prefixed registers routes under a path prefix.
 type prefixed struct {
 	r      *mux.Router
 	prefix string
+}
+
+// alsoUnstable returns p serving its client endpoints under unstable too.
+func (p prefixed) alsoUnstable() prefixed {
+	if p.prefix == clientVersions {
+		p.prefix = clientVersionsUnstable
+	}
+	return p
 }
 
 func (p prefixed) Handle(path string, h http.Handler) *mux.Route {
@@ -307,8 +327,13 @@ func (a *API) decodeOptional(r *http.Request, v any) error {
 
 var empty = struct{}{}
 
+// versions answers /versions. unstable_features names the features
+// served that clients look for there: cross-signing (MSC1756: Element
+// sets it up at registration only when this is listed, and calls its
+// endpoints under unstable) and dehydrated devices (MSC3814). The older
+// dehydration of MSC2697 is not served, so not named.
 func (a *API) versions(r *http.Request) (any, error) {
-	features := map[string]bool{}
+	features := map[string]bool{"org.matrix.e2e_cross_signing": true}
 	if a.opts.Dehydrated != nil {
 		features["org.matrix.msc3814"] = true
 	}
@@ -486,6 +511,7 @@ func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
+	req.Timeout = req.Timeout.Or(keyserver.ParseTimeout(r.URL.Query().Get("timeout")))
 	return a.ks.QueryKeys(r.Context(), c, req)
 }
 
@@ -510,6 +536,7 @@ func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
+	req.Timeout = req.Timeout.Or(keyserver.ParseTimeout(r.URL.Query().Get("timeout")))
 	return a.ks.ClaimKeys(r.Context(), c, req)
 }
 

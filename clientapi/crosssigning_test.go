@@ -87,7 +87,7 @@ func TestCrossSigningUploadRejections(t *testing.T) {
 			"key misnamed":          {map[string]any{"master_key": misnamed}, 400, "M_INVALID_PARAM"},
 			"no user_id":            {map[string]any{"master_key": noUser}, 400, "M_MISSING_PARAM"},
 			"not an object":         {map[string]any{"master_key": "key"}, 400, "M_INVALID_PARAM"},
-			"nothing":               {map[string]any{}, 400, "M_MISSING_PARAM"},
+			"a list":                {map[string]any{"master_key": []any{}}, 400, "M_INVALID_PARAM"},
 			"self-signing key without any master key": {map[string]any{"self_signing_key": xs.SelfSigningKey(t)}, 400, "M_MISSING_PARAM"},
 			"self-signing key signed by another key": {map[string]any{"master_key": xs.MasterKey(),
 				"self_signing_key": testutil.SignWith(t, testutil.KeyObject(alice.UserID, "self_signing", xs.SelfSigning), alice.UserID, other.Master)}, 400, "M_INVALID_SIGNATURE"},
@@ -330,5 +330,85 @@ func TestCrossSigningSignaturesUploadAndVisibility(t *testing.T) {
 				t.Errorf("%s gets self-signing keys %v", viewer.UserID, ssks)
 			}
 		}
+	})
+}
+
+// An upload without keys is how clients learn whether cross-signing needs
+// user-interactive auth (MSC3967): before the first master key it answers
+// 200 and changes nothing, and the real first upload needs no auth; once
+// there are keys it answers the password challenge, whose session then
+// completes a change of keys (once). The stored keys again need nothing.
+func TestCrossSigningAuthProbe(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		carol := srv.Register(t, "carol", "")
+		srv.Join(t, "!r:test.local", alice.UserID)
+		srv.Join(t, "!r:test.local", carol.UserID)
+		unchanged := func(want map[string]any) {
+			t.Helper()
+			master, ssk, usk := crossKeys(t, srv, alice, alice.UserID)
+			if want == nil {
+				if len(master)+len(ssk)+len(usk) != 0 {
+					t.Fatalf("keys stored: %v %v %v", master, ssk, usk)
+				}
+				return
+			}
+			if canonicalOf(t, master[alice.UserID]) != canonicalOf(t, want) {
+				t.Fatalf("master key %v, want %v", master[alice.UserID], want)
+			}
+		}
+
+		// No keys yet: the probe, as an empty object, an empty body, or
+		// with auth, is 200 {} and stores nothing.
+		from := syncToken(t, srv, carol)
+		for _, body := range []any{map[string]any{}, "", map[string]any{"auth": map[string]any{"type": "m.login.dummy"}},
+			map[string]any{"master_key": nil}} {
+			acctExpectEmptyOK(t, srv.Do(t, "POST", signingUploadPath, alice.Token, body))
+		}
+		unchanged(nil)
+		changed, _ := changesSince(t, srv, carol, from)
+		expectUsers(t, "changed after probes", changed, nil)
+		// The first upload needs no auth.
+		xs := testutil.NewCrossSigning(alice.UserID)
+		acctExpectEmptyOK(t, srv.Do(t, "POST", signingUploadPath, alice.Token, xs.Upload(t)))
+		unchanged(xs.MasterKey())
+		// The same keys again need nothing.
+		acctExpectEmptyOK(t, srv.Do(t, "POST", signingUploadPath, alice.Token, xs.Upload(t)))
+
+		// With keys, the probe and new keys get the challenge, and change
+		// nothing; a wrong password repeats it.
+		session := acctExpectChallenge(t, srv.Do(t, "POST", signingUploadPath, alice.Token, map[string]any{}), "m.login.password")
+		acctExpectChallenge(t, srv.Do(t, "POST", signingUploadPath, alice.Token, ""), "m.login.password")
+		next := testutil.NewCrossSigning(alice.UserID)
+		acctExpectChallenge(t, srv.Do(t, "POST", signingUploadPath, alice.Token, next.Upload(t)), "m.login.password")
+		wrong := next.Upload(t)
+		wrong["auth"] = acctPasswordAuth("alice", "wrong", session)
+		r := srv.Do(t, "POST", signingUploadPath, alice.Token, wrong)
+		if acctExpectChallenge(t, r, "m.login.password"); r.Errcode() != "M_FORBIDDEN" {
+			t.Errorf("wrong password: errcode %q", r.Errcode())
+		}
+		unchanged(xs.MasterKey())
+
+		// The probe's session completes the change of keys.
+		from = syncToken(t, srv, carol)
+		body := next.Upload(t)
+		body["auth"] = acctPasswordAuth("alice", alice.Password, session)
+		acctExpectEmptyOK(t, srv.Do(t, "POST", signingUploadPath, alice.Token, body))
+		unchanged(next.MasterKey())
+		changed, _ = changesSince(t, srv, carol, from)
+		expectUsers(t, "changed after the replacement", changed, []string{alice.UserID})
+		// Once only.
+		third := testutil.NewCrossSigning(alice.UserID).Upload(t)
+		third["auth"] = acctPasswordAuth("alice", alice.Password, session)
+		acctExpectChallenge(t, srv.Do(t, "POST", signingUploadPath, alice.Token, third), "m.login.password")
+		unchanged(next.MasterKey())
+		// A session started by another user's probe is not alice's.
+		carolXS := testutil.NewCrossSigning(carol.UserID)
+		acctExpectEmptyOK(t, srv.Do(t, "POST", signingUploadPath, carol.Token, carolXS.Upload(t)))
+		carolSession := acctExpectChallenge(t, srv.Do(t, "POST", signingUploadPath, carol.Token, map[string]any{}), "m.login.password")
+		third["auth"] = acctPasswordAuth("alice", alice.Password, carolSession)
+		acctExpectErr(t, srv.Do(t, "POST", signingUploadPath, alice.Token, third), http.StatusForbidden, "M_FORBIDDEN")
+		unchanged(next.MasterKey())
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keybackup"
 )
@@ -513,7 +514,7 @@ func TestKeyBackupDeleteAll(t *testing.T) {
 			u.create(map[string]any{})
 			u.must("PUT", keysPath("2", room, "s"), backupKey(0, 0, false, "c"))
 		}
-		if err := keybackup.New(srv.Store, nil).DeleteAll(context.Background(), alice.u.UserID); err != nil {
+		if err := keybackup.New(srv.Store, nil, keybackup.Options{}).DeleteAll(context.Background(), alice.u.UserID); err != nil {
 			t.Fatal(err)
 		}
 		alice.fails("GET", "/version", nil, http.StatusNotFound, "M_NOT_FOUND")
@@ -528,7 +529,7 @@ func TestKeyBackupDeleteAll(t *testing.T) {
 			t.Fatalf("alice's next version: %s", v)
 		}
 		// A user who never had a backup.
-		if err := keybackup.New(srv.Store, nil).DeleteAll(context.Background(), "@nobody:test.local"); err != nil {
+		if err := keybackup.New(srv.Store, nil, keybackup.Options{}).DeleteAll(context.Background(), "@nobody:test.local"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -550,6 +551,17 @@ func TestKeyBackupServedByTheDaemon(t *testing.T) {
 			t.Fatalf("after a restart: %v", k)
 		}
 	})
+}
+
+// keys.strict_validation false reaches the key backup: auth_data may be
+// any JSON value.
+func TestKeyBackupLaxDaemon(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), func(c *config.Config) { c.Keys.StrictValidation = false })
+	alice := backupClient{t, n.Server, n.Register(t, "alice", "")}
+	v := alice.must("POST", "/version", map[string]any{"algorithm": backupAlgorithm, "auth_data": "anopaquestring"})["version"].(string)
+	if r := alice.must("GET", "/version/"+v, nil); r["auth_data"] != "anopaquestring" {
+		t.Fatalf("auth_data as kept: %v", r)
+	}
 }
 
 // Deactivating an account deletes its key backups, and nobody else's.
@@ -645,6 +657,95 @@ func TestKeyBackupConcurrentRequests(t *testing.T) {
 			if k := alice.must("GET", keysPath(v, room, fmt.Sprintf("shared-%d", j)), nil); ciphertext(t, k) != "worker0" {
 				t.Fatalf("shared session %d holds %v, want worker 0's", j, k)
 			}
+		}
+	})
+}
+
+// With keys.strict_validation false, auth_data may be any JSON value (test
+// tools send an opaque string), kept and answered as sent, on creation and
+// update; strict mode keeps requiring an object. In both, more than ten
+// versions can be made, each readable until deleted.
+func TestKeyBackupAuthDataByMode(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		for _, lax := range []bool{false, true} {
+			t.Run(fmt.Sprintf("lax=%v", lax), func(t *testing.T) {
+				srv := testutil.NewServer(t, db, testutil.ServerOptions{LaxKeyValidation: lax})
+				alice := backupClient{t, srv, srv.Register(t, fmt.Sprintf("alice%v", lax), "")}
+				values := []any{map[string]any{"public_key": "abc"}, map[string]any{}}
+				refused := []any{"anopaquestring", 42, []any{1, "two"}, true}
+				if lax {
+					values = append(values, append(refused, nil)...)
+					refused = nil
+				} else {
+					alice.fails("POST", "/version", map[string]any{"algorithm": backupAlgorithm, "auth_data": nil}, 400, "M_MISSING_PARAM")
+				}
+				for _, v := range refused {
+					alice.fails("POST", "/version", map[string]any{"algorithm": backupAlgorithm, "auth_data": v}, 400, "M_BAD_JSON")
+				}
+				alice.fails("POST", "/version", map[string]any{"algorithm": backupAlgorithm}, 400, "M_MISSING_PARAM")
+				alice.fails("GET", "/version", nil, http.StatusNotFound, "M_NOT_FOUND")
+
+				// Twelve versions, each with its auth_data.
+				want := map[string]any{}
+				var order []string
+				for i := range 12 {
+					authData := values[i%len(values)]
+					v := alice.must("POST", "/version", map[string]any{"algorithm": backupAlgorithm, "auth_data": authData})["version"].(string)
+					if v != fmt.Sprint(i+1) {
+						t.Fatalf("version %d is %q", i+1, v)
+					}
+					want[v] = authData
+					order = append(order, v)
+				}
+				check := func(what string) {
+					t.Helper()
+					for v, authData := range want {
+						r := alice.must("GET", "/version/"+v, nil)
+						if r["version"] != v || testutil.Canonical(t, r["auth_data"]) != testutil.Canonical(t, authData) {
+							t.Fatalf("%s: version %s is %v, want auth_data %v", what, v, r, authData)
+						}
+					}
+					if len(want) == 0 {
+						alice.fails("GET", "/version", nil, http.StatusNotFound, "M_NOT_FOUND")
+						return
+					}
+					if cur := alice.must("GET", "/version", nil)["version"]; cur != order[len(order)-1] {
+						t.Fatalf("%s: current version %v, want %s", what, cur, order[len(order)-1])
+					}
+				}
+				check("after creating")
+				// Keys go to the current version, the twelfth.
+				alice.must("PUT", keysPath("12", "!room:test.local", "s1"), backupKey(0, 0, false, "c"))
+				if _, count := alice.state("12"); count != 1 {
+					t.Fatalf("version 12 holds %d keys", count)
+				}
+
+				// An update keeps the new value as sent, or is refused as a
+				// creation is.
+				update := map[string]any{"algorithm": backupAlgorithm, "auth_data": "replaced"}
+				if lax {
+					alice.must("PUT", "/version/11", update)
+					want["11"] = "replaced"
+				} else {
+					alice.fails("PUT", "/version/11", update, 400, "M_BAD_JSON")
+				}
+				check("after an update")
+
+				// Deleted one by one, the newest first and then the oldest,
+				// the others stay readable.
+				for len(order) > 0 {
+					i := 0
+					if len(order)%2 == 0 {
+						i = len(order) - 1
+					}
+					v := order[i]
+					alice.must("DELETE", "/version/"+v, nil)
+					alice.fails("GET", "/version/"+v, nil, http.StatusNotFound, "M_NOT_FOUND")
+					delete(want, v)
+					order = append(order[:i], order[i+1:]...)
+					check("after deleting " + v)
+				}
+			})
 		}
 	})
 }

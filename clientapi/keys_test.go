@@ -502,7 +502,6 @@ func TestKeysQueryAndClaimErrors(t *testing.T) {
 			{"query without device_keys", queryPath, map[string]any{}, "M_BAD_JSON"},
 			{"query with a bad user ID", queryPath, map[string]any{"device_keys": map[string]any{"alice": []string{}}}, "M_INVALID_PARAM"},
 			{"query with devices not a list", queryPath, map[string]any{"device_keys": map[string]any{alice.UserID: "x"}}, "M_BAD_JSON"},
-			{"query with a string timeout", queryPath, map[string]any{"device_keys": map[string]any{}, "timeout": "soon"}, "M_BAD_JSON"},
 			{"claim without one_time_keys", claimPath, map[string]any{}, "M_BAD_JSON"},
 			{"claim with a bad user ID", claimPath, map[string]any{"one_time_keys": map[string]any{"@nope": map[string]string{"D": "signed_curve25519"}}}, "M_INVALID_PARAM"},
 			{"claim with algorithm not a string", claimPath, map[string]any{"one_time_keys": map[string]any{alice.UserID: map[string]int{"D": 1}}}, "M_BAD_JSON"},

@@ -39,16 +39,25 @@ type Store interface {
 
 // Service serves the key backup endpoints of authenticated users.
 type Service struct {
-	db  Store
-	log logrus.FieldLogger
+	db   Store
+	log  logrus.FieldLogger
+	opts Options
+}
+
+// Options adjust a Service.
+type Options struct {
+	// LaxAuthData accepts any JSON value as a version's auth_data, kept
+	// and answered as sent (keys.strict_validation: false, for test
+	// tools that send an opaque string); otherwise it must be an object.
+	LaxAuthData bool
 }
 
 // New makes a Service.
-func New(db Store, log logrus.FieldLogger) *Service {
+func New(db Store, log logrus.FieldLogger, opts Options) *Service {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	return &Service{db: db, log: log}
+	return &Service{db: db, log: log, opts: opts}
 }
 
 // maxInt is the largest integer the spec allows in JSON (2^53 - 1).
@@ -152,6 +161,19 @@ func checkObject(name string, raw json.RawMessage) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// checkAuthData checks a version's auth_data and returns it compacted for
+// storage: an object, or in lax mode any JSON value.
+func (s *Service) checkAuthData(raw json.RawMessage) ([]byte, error) {
+	if !s.opts.LaxAuthData {
+		return checkObject("auth_data", raw)
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil || b.Len() == 0 {
+		return nil, mxerr.MissingParam("auth_data is required")
+	}
+	return b.Bytes(), nil
+}
+
 // checkAlgorithm checks the algorithm member: any non-empty string.
 func checkAlgorithm(a *string) error {
 	if a == nil {
@@ -168,7 +190,7 @@ func (s *Service) CreateVersion(ctx context.Context, userID string, req VersionR
 	if err := checkAlgorithm(req.Algorithm); err != nil {
 		return nil, err
 	}
-	authData, err := checkObject("auth_data", req.AuthData)
+	authData, err := s.checkAuthData(req.AuthData)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +235,7 @@ func (s *Service) UpdateVersion(ctx context.Context, userID, version string, req
 	if err := checkAlgorithm(req.Algorithm); err != nil {
 		return err
 	}
-	authData, err := checkObject("auth_data", req.AuthData)
+	authData, err := s.checkAuthData(req.AuthData)
 	if err != nil {
 		return err
 	}

@@ -58,7 +58,8 @@ var errSigningKeysMoved = errors.New("cross-signing keys changed during the uplo
 // keys are signed by the master key sent along or else the stored one. A
 // first upload needs no password, and neither does sending the stored keys
 // again (which changes nothing); any other change does, through
-// user-interactive auth bound to the keys sent.
+// user-interactive auth bound to the keys sent, or started by an upload
+// without keys (MSC3967's probe, answered 200 before the first master key).
 func (s *Service) UploadSigningKeys(ctx context.Context, c Caller, r SigningKeysUpload) error {
 	for attempt := 0; ; attempt++ {
 		err := s.uploadSigningKeysOnce(ctx, c, r)
@@ -85,14 +86,22 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 		}
 		sent[slot.usage] = k
 	}
-	if len(sent) == 0 {
-		return mxerr.MissingParam("no cross-signing key was sent")
-	}
 	stored, err := s.db.UserCrossSigning(ctx, c.UserID)
 	if err != nil {
 		return err
 	}
 	storedMaster := stored.Keys[storage.UsageMaster]
+	if len(sent) == 0 {
+		// An upload without keys is how clients learn whether setting
+		// up cross-signing needs user-interactive auth (MSC3967). Before
+		// the first master key it does not: 200, nothing changes. Once
+		// there is one it does: the challenge, whose session then
+		// completes any change of keys.
+		if storedMaster == nil {
+			return nil
+		}
+		return s.userInteractive(ctx, stagePassword, signingKeysProbe(c.UserID), r.Auth, s.passwordStage(ctx, c))
+	}
 	master := sent[storage.UsageMaster]
 	if master == nil {
 		master = crosssigning.ParseStored(storedMaster, storage.UsageMaster)
@@ -137,7 +146,9 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 		for usage, k := range sent {
 			params[usage] = string(k.Canonical)
 		}
-		req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: params}
+		probe := signingKeysProbe(c.UserID)
+		req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: params,
+			AlsoFrom: &probe}
 		if err := s.userInteractive(ctx, stagePassword, req, r.Auth, s.passwordStage(ctx, c)); err != nil {
 			return err
 		}
@@ -162,6 +173,12 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 	// servers sharing a room with the user.
 	s.localChange(ch)
 	return nil
+}
+
+// signingKeysProbe is an upload of cross-signing keys without keys: its
+// session may complete the change of keys that follows.
+func signingKeysProbe(userID string) uiaRequest {
+	return uiaRequest{UserID: userID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: "no keys sent"}
 }
 
 // SignaturesUploadResponse is the answer to POST /keys/signatures/upload.

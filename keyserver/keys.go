@@ -374,7 +374,7 @@ func withSignedCurve(counts map[string]int) map[string]int {
 // QueryRequest is POST /keys/query.
 type QueryRequest struct {
 	DeviceKeys map[string][]string `json:"device_keys"`
-	Timeout    *int64              `json:"timeout"`
+	Timeout    Timeout             `json:"timeout"`
 }
 
 // QueryResponse is the answer to /keys/query.
@@ -526,7 +526,7 @@ func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (Quer
 	res.DeviceKeys, res.MasterKeys, res.SelfSigningKeys, res.UserSigningKeys =
 		keys.DeviceKeys, keys.MasterKeys, keys.SelfSigningKeys, keys.UserSigningKeys
 	if len(remote) > 0 {
-		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(r.Timeout))
+		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(ctx, r.Timeout))
 		defer cancel()
 		s.queryRemote(ctx, remote, c.UserID, &res)
 	}
@@ -741,7 +741,7 @@ func withUnsigned(keyJSON []byte, name *string) (json.RawMessage, error) {
 // ClaimRequest is POST /keys/claim.
 type ClaimRequest struct {
 	OneTimeKeys map[string]map[string]string `json:"one_time_keys"`
-	Timeout     *int64                       `json:"timeout"`
+	Timeout     Timeout                      `json:"timeout"`
 }
 
 // ClaimResponse is the answer to /keys/claim.
@@ -797,7 +797,7 @@ func (s *Service) ClaimKeys(ctx context.Context, c Caller, r ClaimRequest) (Clai
 		byDevice[k.DeviceID] = map[string]json.RawMessage{k.Key.FullID(): k.Key.JSON}
 	}
 	if len(remote) > 0 {
-		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(r.Timeout))
+		ctx, cancel := context.WithTimeout(ctx, s.remoteTimeout(ctx, r.Timeout))
 		defer cancel()
 		s.claimRemote(ctx, remote, &res)
 	}

@@ -33,15 +33,6 @@ const (
 	MaxRemoteDevices = 1000
 )
 
-// remoteTimeout is how long a request may wait for other servers: the
-// client's timeout (ms), 10 s by default, a minute at most.
-func (s *Service) remoteTimeout(ms *int64) time.Duration {
-	if ms == nil || *ms <= 0 {
-		return defaultRemoteTimeout
-	}
-	return min(time.Duration(*ms)*time.Millisecond, maxRemoteTimeout)
-}
-
 // failure is how a server's failure is reported to clients: a status and
 // a fixed message, never the error's own text, which may name addresses
 // and ports; that goes to the log.

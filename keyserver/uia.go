@@ -28,6 +28,10 @@ type uiaRequest struct {
 	// Params are the operation's parameters from the body, as a value
 	// whose JSON encoding is deterministic (structs, sorted slices).
 	Params any
+	// AlsoFrom, if not nil, is another request whose sessions may
+	// complete this one: a request that asks only whether auth is needed,
+	// before the client knows its parameters.
+	AlsoFrom *uiaRequest
 }
 
 // hash binds a session to the request. Only the hash is stored, since the
@@ -71,7 +75,9 @@ func (s *Service) userInteractive(ctx context.Context, stage string, req uiaRequ
 		if err != nil {
 			return err
 		}
-		if sess.UserID != req.UserID || sess.RequestHash != req.hash(session) {
+		bound := sess.RequestHash == req.hash(session) ||
+			(req.AlsoFrom != nil && sess.RequestHash == req.AlsoFrom.hash(session))
+		if sess.UserID != req.UserID || !bound {
 			return mxerr.Forbidden("this user-interactive auth session was started for another request")
 		}
 	}

@@ -288,7 +288,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			LoginLimit:      limiter(cfg.ClientAPI.LoginRateLimit),
 			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
-			KeyBackup:       keybackup.New(store, log),
+			KeyBackup:       keybackup.New(store, log, keybackup.Options{LaxAuthData: !cfg.Keys.StrictValidation}),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 			PushRules:       pushrules.New(store, d.ks.StreamAdvanced),
 			PublicRooms:     publicRooms,

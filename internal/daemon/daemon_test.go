@@ -178,9 +178,17 @@ func TestMetrics(t *testing.T) {
 		}
 		return string(body)
 	}
+	// One route serves an endpoint under every version; the label names
+	// the version requested.
+	if resp, err := http.Get("http://" + d.ClientAddr() + "/_matrix/client/unstable/keys/changes"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
 	m := get("http://" + d.MetricsAddr() + "/metrics")
 	for _, want := range []string{
 		`keyserver_http_request_duration_seconds_count{api="client",endpoint="/_matrix/client/v3/register",method="POST",status="200"}`,
+		`keyserver_http_request_duration_seconds_count{api="client",endpoint="/_matrix/client/unstable/keys/changes",method="GET",status="401"}`,
 		"keyserver_one_time_keys_uploaded_total", "keyserver_outbound_queue_depth 0", "keyserver_outbound_room_events 0", "keyserver_stale_device_lists 0",
 		`go_sql_open_connections{db_name="sqlite3"}`, `go_sql_open_connections{db_name="sqlite3_writer"} 1`,
 		"process_resident_memory_bytes",

@@ -114,7 +114,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
-		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
+		KeyBackup: keybackup.New(store, log, keybackup.Options{LaxAuthData: o.LaxKeyValidation}), AccountData: accountdata.New(store, ks.StreamAdvanced),
 		PushRules: pushrules.New(store, ks.StreamAdvanced), PublicRooms: publicrooms.New(store, rooms, nil, o.ServerName, log),
 		Rooms: rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)

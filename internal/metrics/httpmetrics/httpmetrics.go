@@ -5,6 +5,7 @@ package httpmetrics
 
 import (
 	"net/http"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -13,6 +14,12 @@ import (
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/metrics"
 )
+
+// APIVersionVar is the path variable holding the API version of routes
+// that serve several ("{apiVersion:(?:r0|v3)}").
+const APIVersionVar = "apiVersion"
+
+var versionPattern = regexp.MustCompile(`\{` + APIVersionVar + `(:[^}]*)?\}`)
 
 // Middleware is a mux middleware observing each matched request under its
 // route template.
@@ -23,6 +30,12 @@ func Middleware(api string) mux.MiddlewareFunc {
 			if route := mux.CurrentRoute(r); route != nil {
 				if t, err := route.GetPathTemplate(); err == nil {
 					endpoint = t
+					// A route serving several API versions has the
+					// version as a pattern: the label names the one
+					// requested, as a route per version would.
+					if v, ok := mux.Vars(r)[APIVersionVar]; ok {
+						endpoint = versionPattern.ReplaceAllLiteralString(t, v)
+					}
 				}
 			}
 			start := time.Now()
