@@ -71,6 +71,9 @@ func acctExpectChallenge(t *testing.T, r testutil.Response, stage string) string
 	if session == "" {
 		t.Errorf("session %v, want a non-empty string (body %s)", r.Body["session"], r.Raw)
 	}
+	if completed, ok := r.Body["completed"].([]any); !ok || len(completed) != 0 {
+		t.Errorf("completed %v, want [] (body %s)", r.Body["completed"], r.Raw)
+	}
 	return session
 }
 

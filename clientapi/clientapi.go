@@ -348,17 +348,26 @@ func limitAddress(l *ratelimit.Limiter, r *http.Request) error {
 	return nil
 }
 
+// register makes an account. The address's registration limit is checked
+// on every request and counted for the accounts made, as Synapse does:
+// the user-interactive auth round trip before a registration is no
+// registration of its own.
 func (a *API) register(r *http.Request) (any, error) {
-	if err := limitAddress(a.opts.RegisterLimit, r); err != nil {
-		return nil, err
+	ip := remoteIP(r)
+	if ok, wait := a.opts.RegisterLimit.Peek(ip); !ok {
+		return nil, mxerr.LimitExceeded(wait)
 	}
 	var req keyserver.RegisterRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
 	req.Kind = r.URL.Query().Get("kind")
-	req.IP = remoteIP(r)
-	return a.ks.Register(r.Context(), req)
+	req.IP = ip
+	res, err := a.ks.Register(r.Context(), req)
+	if err == nil {
+		a.opts.RegisterLimit.Allow(ip)
+	}
+	return res, err
 }
 
 func (a *API) available(r *http.Request) (any, error) {

@@ -23,11 +23,14 @@ func TestLoginAndRegistrationLimitsPerAddress(t *testing.T) {
 		clock := &uiaClock{now: time.Now()}
 		srv := testutil.NewServer(t, db, testutil.ServerOptions{Now: clock.Now,
 			Login: testutil.RateLimit{PerSecond: 0.1, Burst: 3}, Register: testutil.RateLimit{PerSecond: 0.1, Burst: 4}})
-		// Two requests each: the flows, then the registration.
-		for _, name := range []string{"alice", "bob"} {
+		// Two requests each, the flows and then the registration: only the
+		// registrations count, so the burst makes four accounts.
+		for _, name := range []string{"alice", "bob", "dave", "erin"} {
 			acctExpectChallenge(t, srv.Do(t, "POST", acctV3+"/register", "", map[string]any{}), "m.login.dummy")
 			srv.Register(t, name, "")
 		}
+		// Once it is spent, the challenge is refused too.
+		acctExpectLimited(t, srv.Do(t, "POST", acctV3+"/register", "", map[string]any{}))
 		acctExpectLimited(t, srv.Do(t, "POST", acctV3+"/register", "", map[string]any{"username": "carol", "password": "pw",
 			"auth": map[string]any{"type": "m.login.dummy"}}))
 		if r := srv.Do(t, "GET", acctV3+"/register/available?username=carol", "", nil); r.Status != http.StatusOK {

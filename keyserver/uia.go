@@ -124,6 +124,9 @@ func (s *Service) challenge(ctx context.Context, stage string, req uiaRequest, s
 		"flows":   []any{map[string]any{"stages": []string{stage}}},
 		"params":  map[string]any{},
 		"session": session,
+		// Every flow has one stage, so none is completed while the flow
+		// is not; the list is there as clients and Synapse expect it.
+		"completed": []string{},
 	}}
 	if cause != nil {
 		e.Code, e.Message = cause.Code, cause.Message
