@@ -33,6 +33,8 @@ import (
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/userdirectory"
+	"github.com/keyserver/keyserver/voip"
 )
 
 // Options configure the client API.
@@ -57,6 +59,10 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// UserDirectory serves /user_directory/search; nil: not served.
+	UserDirectory *userdirectory.Service
+	// TURN answers /voip/turnServer; nil: no TURN server ({}).
+	TURN *voip.TURN
 	// PublicRooms serves the public room directory; nil: not served.
 	PublicRooms *publicrooms.Service
 	// PushRules serves /pushrules; nil: not served.
@@ -133,6 +139,8 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.accountDataRoutes(s)
 	a.pushRuleRoutes(s)
 	a.publicRoomRoutes(s)
+	a.userDirectoryRoutes(s)
+	a.voipRoutes(s)
 	a.profileRoutes(s)
 	a.roomRoutes(s, prefixed{rooms, clientVersions})
 	a.toDeviceRoutes(e2e)

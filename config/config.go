@@ -116,9 +116,10 @@ type ClientAPIConfig struct {
 	// LoginRateLimit bounds POST /login per remote address. Default 0.003
 	// per second after a burst of 5 (Synapse's rc_login.address).
 	LoginRateLimit RateLimit `yaml:"login_rate_limit"`
-	// RegistrationRateLimit bounds POST /register per remote address,
-	// counting every request (a registration commonly takes two). Default
-	// 0.17 per second after a burst of 6.
+	// RegistrationRateLimit bounds the accounts registered per remote
+	// address: every POST /register is checked, those that make an account
+	// are counted (the auth round trip before one is not). Default 0.17
+	// per second after a burst of 6.
 	RegistrationRateLimit RateLimit `yaml:"registration_rate_limit"`
 	// FailedLoginRateLimit bounds wrong passwords per account, at login
 	// and in user-interactive auth; while it is exceeded every attempt on
@@ -131,6 +132,36 @@ type ClientAPIConfig struct {
 	// BcryptConcurrency is how many password hashes are computed at once;
 	// the others wait. 0 (the default) means half of GOMAXPROCS, at least 1.
 	BcryptConcurrency int `yaml:"bcrypt_concurrency"`
+	// UserDirectory is how POST /user_directory/search finds users.
+	UserDirectory UserDirectoryConfig `yaml:"user_directory"`
+	// TURN is what GET /voip/turnServer hands out for calls.
+	TURN TURNConfig `yaml:"turn"`
+}
+
+// UserDirectoryConfig is the "client_api.user_directory" section.
+type UserDirectoryConfig struct {
+	// SearchAllUsers finds every local user, not only those who share a
+	// room with the searcher or are in a room of the public directory
+	// (Synapse's user_directory.search_all_users). Default false.
+	SearchAllUsers bool `yaml:"search_all_users"`
+}
+
+// TURNConfig is the "client_api.turn" section: the TURN server clients use
+// for calls (Synapse's turn_* settings). With no URIs nothing is handed
+// out.
+type TURNConfig struct {
+	// URIs are the TURN server's URIs ("turn:turn.example.org:3478?transport=udp").
+	URIs []string `yaml:"uris"`
+	// SharedSecret makes time-limited credentials (the TURN REST API that
+	// coturn's use-auth-secret serves); it is used when set.
+	SharedSecret string `yaml:"shared_secret"`
+	// Username and Password are fixed credentials, for servers without a
+	// shared secret.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// UserLifetime is how long a credential made with SharedSecret is
+	// valid. Default 1h.
+	UserLifetime Duration `yaml:"user_lifetime"`
 }
 
 // RateLimit is a token bucket: Burst requests at once, then PerSecond.
@@ -302,6 +333,7 @@ func Default() *Config {
 			RegistrationRateLimit:    RateLimit{PerSecond: 0.17, Burst: 6},
 			FailedLoginRateLimit:     RateLimit{PerSecond: 0.17, Burst: 3},
 			ToDeviceRateLimit:        RateLimit{PerSecond: 10, Burst: 100},
+			TURN:                     TURNConfig{URIs: []string{}, UserLifetime: Duration(time.Hour)},
 		},
 		Federation: FederationConfig{
 			Listen:                   "127.0.0.1:8448",
@@ -434,6 +466,9 @@ func (c *Config) Validate() error {
 
 	if msg := checkServerName(c.ServerName); msg != "" {
 		add("%s", msg)
+	}
+	if c.ClientAPI.TURN.UserLifetime <= 0 {
+		add("client_api.turn.user_lifetime must be positive")
 	}
 	if c.DataDir == "" {
 		add("data_dir must not be empty")

@@ -555,3 +555,8 @@ type Profile struct {
 	DisplayName string `json:"displayname,omitempty"`
 	AvatarURL   string `json:"avatar_url,omitempty"`
 }
+
+// DirectoryUser is a user the user directory can find.
+type DirectoryUser struct {
+	UserID, DisplayName, AvatarURL string
+}

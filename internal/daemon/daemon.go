@@ -41,6 +41,8 @@ import (
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/userdirectory"
+	"github.com/keyserver/keyserver/voip"
 )
 
 // Daemon is a running server.
@@ -292,11 +294,15 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 			PushRules:       pushrules.New(store, d.ks.StreamAdvanced),
 			PublicRooms:     publicRooms,
-			Rooms:           rooms,
-			Profiles:        profiles,
-			ToDevice:        toDevice,
-			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
-			Parker:          d.parker,
+			UserDirectory:   userdirectory.New(store, cfg.ClientAPI.UserDirectory.SearchAllUsers),
+			TURN: voip.New(voip.Config{URIs: cfg.ClientAPI.TURN.URIs, SharedSecret: cfg.ClientAPI.TURN.SharedSecret,
+				Username: cfg.ClientAPI.TURN.Username, Password: cfg.ClientAPI.TURN.Password,
+				UserLifetime: cfg.ClientAPI.TURN.UserLifetime.Duration()}, nil),
+			Rooms:      rooms,
+			Profiles:   profiles,
+			ToDevice:   toDevice,
+			Dehydrated: dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
+			Parker:     d.parker,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

@@ -31,6 +31,8 @@ import (
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/userdirectory"
+	"github.com/keyserver/keyserver/voip"
 )
 
 // AdminToken is the admin token of test servers.
@@ -47,6 +49,10 @@ type ServerOptions struct {
 	// LaxKeyValidation checks only the shape of uploaded keys
 	// (keys.strict_validation: false).
 	LaxKeyValidation bool
+	// SearchAllUsers makes the user directory find every local user.
+	SearchAllUsers bool
+	// TURN is the TURN server /voip/turnServer hands out (none: {}).
+	TURN voip.Config
 	// Limits of /login and /register per remote address and of wrong
 	// passwords per account: off unless set, since tests log in many
 	// users from one address.
@@ -116,6 +122,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
 		KeyBackup: keybackup.New(store, log, keybackup.Options{LaxAuthData: o.LaxKeyValidation}), AccountData: accountdata.New(store, ks.StreamAdvanced),
 		PushRules: pushrules.New(store, ks.StreamAdvanced), PublicRooms: publicrooms.New(store, rooms, nil, o.ServerName, log),
+		UserDirectory: userdirectory.New(store, o.SearchAllUsers), TURN: voip.New(o.TURN, o.Now),
 		Rooms: rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {

@@ -14,6 +14,7 @@ import (
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -49,6 +50,7 @@ func TestErrorsNameTheOperation(t *testing.T) {
 			reflect.TypeOf((*sender.PDUQueue)(nil)).Elem(),
 			reflect.TypeOf((*roomserver.Store)(nil)).Elem(),
 			reflect.TypeOf((*publicrooms.Store)(nil)).Elem(),
+			reflect.TypeOf((*userdirectory.Store)(nil)).Elem(),
 		} {
 			for i := 0; i < iface.NumMethod(); i++ {
 				methods = append(methods, iface.Method(i).Name)
