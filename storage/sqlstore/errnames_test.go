@@ -14,8 +14,8 @@ import (
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/roomserver"
-	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/userdirectory"
 )
 
 // An error out of the store names the operation that met it, and still
