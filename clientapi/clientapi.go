@@ -18,6 +18,7 @@ import (
 
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/dehydrated"
+	"github.com/keyserver/keyserver/initialsync"
 	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
@@ -59,6 +60,9 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// InitialSync serves /initialSync and /rooms/{roomId}/initialSync;
+	// nil: not served.
+	InitialSync *initialsync.Service
 	// UserDirectory serves /user_directory/search; nil: not served.
 	UserDirectory *userdirectory.Service
 	// TURN answers /voip/turnServer; nil: no TURN server ({}).
@@ -143,6 +147,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.voipRoutes(s)
 	a.profileRoutes(s)
 	a.roomRoutes(s, prefixed{rooms, clientVersions})
+	a.initialSyncRoutes(s, prefixed{rooms, clientVersions})
 	a.toDeviceRoutes(e2e)
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)

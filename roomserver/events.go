@@ -168,6 +168,15 @@ func (s *Service) stateWhenLeft(ctx context.Context, userID, roomID string, notI
 		return nil, err
 	}
 	if len(member) != 1 || (member[0].Membership != spec.Leave && member[0].Membership != spec.Ban) {
+		// Anyone may read a world-readable room's current state (as
+		// Synapse lets them peek).
+		if r, err := s.historyReader(ctx, userID, roomID); err == nil && r.upTo == math.MaxInt64 {
+			evs, err := s.db.RoomCurrentState(ctx, roomID)
+			if err != nil {
+				return nil, err
+			}
+			return clientEvents(evs)
+		}
 		return nil, notIn
 	}
 	before, err := s.db.RoomStateBefore(ctx, member[0].EventID)

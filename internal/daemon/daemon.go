@@ -26,6 +26,7 @@ import (
 	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
+	"github.com/keyserver/keyserver/initialsync"
 	"github.com/keyserver/keyserver/internal/connlimit"
 	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/identity"
@@ -294,6 +295,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
 			PushRules:       pushrules.New(store, d.ks.StreamAdvanced),
 			PublicRooms:     publicRooms,
+			InitialSync:     initialsync.New(rooms, store),
 			UserDirectory:   userdirectory.New(store, cfg.ClientAPI.UserDirectory.SearchAllUsers),
 			TURN: voip.New(voip.Config{URIs: cfg.ClientAPI.TURN.URIs, SharedSecret: cfg.ClientAPI.TURN.SharedSecret,
 				Username: cfg.ClientAPI.TURN.Username, Password: cfg.ClientAPI.TURN.Password,

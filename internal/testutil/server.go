@@ -22,6 +22,7 @@ import (
 	"github.com/keyserver/keyserver/accountdata"
 	"github.com/keyserver/keyserver/clientapi"
 	"github.com/keyserver/keyserver/dehydrated"
+	"github.com/keyserver/keyserver/initialsync"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
@@ -123,7 +124,8 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		KeyBackup: keybackup.New(store, log, keybackup.Options{LaxAuthData: o.LaxKeyValidation}), AccountData: accountdata.New(store, ks.StreamAdvanced),
 		PushRules: pushrules.New(store, ks.StreamAdvanced), PublicRooms: publicrooms.New(store, rooms, nil, o.ServerName, log),
 		UserDirectory: userdirectory.New(store, o.SearchAllUsers), TURN: voip.New(o.TURN, o.Now),
-		Rooms: rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
+		InitialSync: initialsync.New(rooms, store),
+		Rooms:       rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()
