@@ -198,15 +198,7 @@ func (s *Service) SetEnabled(ctx context.Context, userID, scope, kind, ruleID st
 	if err := checkScopeKind(scope, kind); err != nil {
 		return err
 	}
-	return s.update(ctx, userID, func(rs *Ruleset) error {
-		rules := *rs.list(kind)
-		i := find(rules, ruleID)
-		if i < 0 {
-			return notFound(kind, ruleID)
-		}
-		rules[i].Enabled = enabled
-		return nil
-	})
+	return s.updateRule(ctx, userID, kind, ruleID, func(r *Rule) { r.Enabled = enabled })
 }
 
 // SetActions replaces a rule's actions, default or the user's.
@@ -218,13 +210,18 @@ func (s *Service) SetActions(ctx context.Context, userID, scope, kind, ruleID st
 	if err != nil {
 		return err
 	}
+	return s.updateRule(ctx, userID, kind, ruleID, func(r *Rule) { r.Actions = acts })
+}
+
+// updateRule changes one existing rule of a kind.
+func (s *Service) updateRule(ctx context.Context, userID, kind, ruleID string, change func(*Rule)) error {
 	return s.update(ctx, userID, func(rs *Ruleset) error {
 		rules := *rs.list(kind)
 		i := find(rules, ruleID)
 		if i < 0 {
 			return notFound(kind, ruleID)
 		}
-		rules[i].Actions = acts
+		change(&rules[i])
 		return nil
 	})
 }
