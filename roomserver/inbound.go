@@ -71,13 +71,23 @@ type errRejected struct{ reason string }
 func (e errRejected) Error() string { return "rejected: " + e.reason }
 
 // ReceivePDUs handles the PDUs of a /send transaction from origin, in
-// order, and returns the error of each PDU that was not accepted by its
-// event ID ("" for one accepted). PDUs that cannot be named are left out.
+// order, and returns the error of each PDU that was not processed by its
+// event ID ("" for one processed). PDUs that cannot be named are left
+// out. An event the auth rules reject has been processed: it is kept as
+// rejected, and its answer is {} as Synapse gives it; errors are for PDUs
+// that could not be taken in (invalid, badly signed, of a room this
+// server is not in, missing what they need).
 func (s *Service) ReceivePDUs(ctx context.Context, origin string, pdus []json.RawMessage) map[string]string {
 	out := map[string]string{}
 	for _, raw := range pdus {
 		id, err := s.receivePDU(ctx, origin, raw)
 		if id == "" {
+			continue
+		}
+		var rej errRejected
+		if errors.As(err, &rej) {
+			s.opts.Logger.WithFields(map[string]any{"origin": origin, "event_id": id}).WithError(err).Debug("PDU rejected by the auth rules")
+			out[id] = ""
 			continue
 		}
 		if err != nil {
