@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"net/url"
 	"strconv"
@@ -26,8 +27,10 @@ import (
 // each daemon that hears it drops the user's tokens and answers on
 // acksChannel with the ID and its own instance ID. The daemons to wait
 // for are those whose notification connections are open: each listener
-// connects with application_name "keyserver-listener <instance ID>", so
-// that pg_stat_activity lists them, and a connection ends with its process
+// connects with application_name "keyserver-listener <server> <instance
+// ID>" (<server> a hash of the server name, so that other servers using
+// the same database are not waited for), so that pg_stat_activity lists
+// them, and a connection ends with its process
 // (kill -9 included), so a dead daemon is never waited for. A daemon that
 // does not confirm within revocationConfirmTimeout (its listener stalled,
 // or it connected just after the commit and never heard it) has its
@@ -147,9 +150,16 @@ func (s *Store) listenerURI() string {
 		return s.uri
 	}
 	q := u.Query()
-	q.Set("application_name", listenerAppName+s.rev.id)
+	q.Set("application_name", s.listenerName(s.rev.id))
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// listenerName is the application_name of the listener of instance id of
+// this server.
+func (s *Store) listenerName(id string) string {
+	h := sha256.Sum256([]byte(s.serverName))
+	return listenerAppName + hex.EncodeToString(h[:4]) + " " + id
 }
 
 // tokensPayload is the payload of a token notification: the user, and the
@@ -214,7 +224,7 @@ func (s *Store) confirmRevocation(revID string, w *revocationWait) {
 // are connected to the database.
 func (s *Store) listeners(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT application_name FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name LIKE $1`, listenerAppName+"%")
+		WHERE datname = current_database() AND application_name LIKE $1`, s.listenerName("%"))
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +235,7 @@ func (s *Store) listeners(ctx context.Context) ([]string, error) {
 		if err := rows.Scan(&name); err != nil {
 			return nil, err
 		}
-		if id := strings.TrimPrefix(name, listenerAppName); id != s.rev.id {
+		if id := strings.TrimPrefix(name, s.listenerName("")); id != s.rev.id {
 			out = append(out, id)
 		}
 	}
@@ -239,7 +249,7 @@ func (s *Store) terminateListeners(log logrus.FieldLogger, instances []string) {
 	defer cancel()
 	for _, id := range instances {
 		if _, err := s.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = $1`, listenerAppName+id); err != nil {
+			WHERE datname = current_database() AND application_name = $1`, s.listenerName(id)); err != nil {
 			log.WithError(err).WithField("instance", id).Error("could not restart the caches of a daemon that did not confirm a token revocation")
 		}
 	}
