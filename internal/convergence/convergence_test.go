@@ -473,23 +473,24 @@ func (h *harness) chaos(ctx context.Context, rng *rand.Rand) {
 			h.count(f.Mode.String())
 		default: // a daemon killed
 			s := h.servers[rng.Intn(len(h.servers))]
-			victim := s.procs[0]
+			victim, what := s.procs[0], ""
 			if len(s.procs) > 1 {
-				victim = h.leaseHolder(s, rng)
+				victim, what = h.leaseHolder(s, rng)
 			}
 			if victim == nil || !victim.alive() {
 				continue
 			}
 			victim.kill()
-			h.count("kill " + victim.label)
+			h.count("kill " + victim.label + what)
 			pending = append(pending, restart{victim, now.Add(time.Duration(300+rng.Intn(2500)) * time.Millisecond)})
 		}
 	}
 }
 
 // leaseHolder returns the instance of s that sent its last transaction
-// (found from the proxies' view of its connection), else one at random.
-func (h *harness) leaseHolder(s *server, rng *rand.Rand) *proc {
+// (found from the proxies' view of its connection), else one at random;
+// what says which.
+func (h *harness) leaseHolder(s *server, rng *rand.Rand) (_ *proc, what string) {
 	h.sendMu.Lock()
 	addr := h.lastSend[s.name]
 	h.sendMu.Unlock()
@@ -500,11 +501,11 @@ func (h *harness) leaseHolder(s *server, rng *rand.Rand) *proc {
 	if pid := pidOfPeer(addr, pids); pid != 0 {
 		for _, p := range s.procs {
 			if p.pid() == pid {
-				return p
+				return p, " (sender)"
 			}
 		}
 	}
-	return s.procs[rng.Intn(len(s.procs))]
+	return s.procs[rng.Intn(len(s.procs))], " (at random)"
 }
 
 func (h *harness) count(what string) {
