@@ -110,9 +110,9 @@ func TestConvergence(t *testing.T) {
 	t.Logf("seed %d (KEYSERVER_CONVERGENCE_SEED=%d to repeat), faults for %v, %d servers, %d users each", seed, seed, duration, nServers, nUsers)
 
 	// The last server runs as two instances on one PostgreSQL database
-	// when PostgreSQL is there (make test starts one); the others use
-	// SQLite, but for the fourth, which gets a PostgreSQL database of
-	// its own.
+	// when PostgreSQL is there (make test starts one); with four servers
+	// or more, the one before it has a PostgreSQL database of its own.
+	// The others use SQLite.
 	withPG := os.Getenv("KEYSERVER_TEST_POSTGRES") != ""
 	if !withPG {
 		if os.Getenv("CI") != "" {
@@ -125,7 +125,7 @@ func TestConvergence(t *testing.T) {
 		database, instances := "", 1
 		if withPG && i == nServers-1 {
 			database, instances = testutil.Postgres(t).URI, 2
-		} else if withPG && i == 3 {
+		} else if withPG && nServers >= 4 && i == nServers-2 {
 			database = testutil.Postgres(t).URI
 		}
 		h.addServer(string(rune('A'+i)), database, instances)
