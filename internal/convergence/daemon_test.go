@@ -43,7 +43,11 @@ func daemonBinary(t *testing.T) string {
 			return
 		}
 		binary = filepath.Join(dir, "keyserver")
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", binary, "github.com/keyserver/keyserver/cmd/keyserver")
+		goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goTool); err != nil {
+			goTool = "go"
+		}
+		cmd := exec.Command(goTool, "build", "-o", binary, "github.com/keyserver/keyserver/cmd/keyserver")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/keyserver: %v\n%s", err, out)
