@@ -343,3 +343,11 @@ func pidOfPeer(addr string, pids []int) int {
 	}
 	return 0
 }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binary != "" {
+		_ = os.RemoveAll(filepath.Dir(binary))
+	}
+	os.Exit(code)
+}
