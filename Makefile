@@ -5,7 +5,7 @@
 #             (faults for DURATION, then every server must agree within 30 s;
 #             each of RUNS runs takes a new random seed unless SEED is set)
 # make bench  measures the daemon with keyserver-bench on SQLite and PostgreSQL
-#             (BENCH_ARGS="--daemons 2", BENCH_ARGS="-phases sync": see README)
+#             (BENCH_ARGS="--daemons 2", BENCH_ARGS="-phases sync": see docs/benchmarks.md)
 GO       ?= go
 ARGS     ?=
 # goolm: mautrix-go's pure-Go Olm, for the tests that drive the server with

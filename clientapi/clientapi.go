@@ -28,6 +28,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
+	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
@@ -55,6 +56,8 @@ type Options struct {
 	// endpoints; nil: not served.
 	KeyBackup   *keybackup.Service
 	AccountData *accountdata.Service
+	// PushRules serves /pushrules; nil: not served.
+	PushRules *pushrules.Service
 	// Profiles serves /profile; nil: not served.
 	Profiles *profile.Service
 	// Rooms serves the room endpoints; nil: not served.
@@ -124,6 +127,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
 		a.keyBackupRoutes(s)
 		a.accountDataRoutes(s)
+		a.pushRuleRoutes(s)
 		a.profileRoutes(s)
 		a.roomRoutes(s, prefixed{rooms, prefix})
 		a.toDeviceRoutes(s)

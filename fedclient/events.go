@@ -3,6 +3,8 @@ package fedclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"net/url"
 
 	"github.com/matrix-org/gomatrixserverlib"
@@ -61,11 +63,15 @@ func (c *Client) MakeJoin(ctx context.Context, dest, roomID, userID string, vers
 }
 
 // SendJoin sends a signed join to the resident server (PUT
-// /v2/send_join: the v1 answer's shape is broken on some servers).
+// /v2/send_join), and through /v1/send_join to a server that does not
+// serve v2 (older servers; its answer is [200, answer]).
 func (c *Client) SendJoin(ctx context.Context, _, dest spec.ServerName, event gomatrixserverlib.PDU) (gomatrixserverlib.SendJoinResponse, error) {
 	var out fclient.RespSendJoin
-	path := "/_matrix/federation/v2/send_join/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
-	err := c.Do(ctx, "PUT", string(dest), path, json.RawMessage(event.JSON()), &out)
+	path := "/send_join/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
+	err := c.Do(ctx, "PUT", string(dest), "/_matrix/federation/v2"+path, json.RawMessage(event.JSON()), &out)
+	if unknownEndpoint(err) {
+		err = c.doV1(ctx, string(dest), "/_matrix/federation/v1"+path, json.RawMessage(event.JSON()), &out)
+	}
 	return &out, err
 }
 
@@ -93,10 +99,50 @@ func (c *Client) MakeLeave(ctx context.Context, dest, roomID, userID string) (go
 	return out.Event, out.RoomVersion, err
 }
 
-// SendLeave sends a signed leave to a resident server (PUT /v2/send_leave).
+// SendLeave sends a signed leave to a resident server (PUT
+// /v2/send_leave, or /v1/send_leave where v2 is not served).
 func (c *Client) SendLeave(ctx context.Context, dest string, event gomatrixserverlib.PDU) error {
-	path := "/_matrix/federation/v2/send_leave/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
-	return c.Do(ctx, "PUT", dest, path, json.RawMessage(event.JSON()), nil)
+	path := "/send_leave/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
+	err := c.Do(ctx, "PUT", dest, "/_matrix/federation/v2"+path, json.RawMessage(event.JSON()), nil)
+	if unknownEndpoint(err) {
+		var ignored struct{}
+		err = c.doV1(ctx, dest, "/_matrix/federation/v1"+path, json.RawMessage(event.JSON()), &ignored)
+	}
+	return err
+}
+
+// doV1 sends a v1 membership handshake, whose answer is the array
+// [200, answer], and reads the answer into out.
+func (c *Client) doV1(ctx context.Context, dest, path string, body any, out any) error {
+	var pair []json.RawMessage
+	if err := c.Do(ctx, "PUT", dest, path, body, &pair); err != nil {
+		return err
+	}
+	if len(pair) != 2 {
+		return &HTTPError{Destination: dest, Status: http.StatusBadGateway, Message: "the v1 answer is not [status, answer]"}
+	}
+	if err := json.Unmarshal(pair[1], out); err != nil {
+		return &HTTPError{Destination: dest, Status: http.StatusBadGateway, Message: "the v1 answer cannot be read"}
+	}
+	return nil
+}
+
+// unknownEndpoint reports an answer that says the server does not serve
+// the path at all, as servers say it: 404 or 405 without an errcode or
+// with M_UNRECOGNIZED, or 400 M_UNRECOGNIZED. A 404 M_NOT_FOUND (an
+// unknown room) is an answer of the endpoint, not one of these.
+func unknownEndpoint(err error) bool {
+	var he *HTTPError
+	if !errors.As(err, &he) {
+		return false
+	}
+	switch he.Status {
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return he.Errcode == "" || he.Errcode == "M_UNRECOGNIZED"
+	case http.StatusBadRequest:
+		return he.Errcode == "M_UNRECOGNIZED"
+	}
+	return false
 }
 
 func nonNil(s []string) []string {

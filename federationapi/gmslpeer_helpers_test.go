@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"sort"
@@ -55,6 +56,9 @@ type gmslPeer struct {
 	// failMakeJoin and failSendJoin, when set, answer those requests
 	// instead of the room.
 	failMakeJoin, failSendJoin http.HandlerFunc
+	// v1Only makes the peer an older server: v2 send_join and send_leave
+	// are unknown paths to it, v1 (answered [200, answer]) is served.
+	v1Only bool
 	// noMissingEvents answers every get_missing_events with no event;
 	// failMissingEvents with 500.
 	noMissingEvents, failMissingEvents bool
@@ -464,9 +468,11 @@ func writeSpecError(w http.ResponseWriter, err error) {
 func (p *gmslPeer) serve() {
 	mux := p.Mux
 	mux.HandleFunc("GET /_matrix/federation/v1/make_join/{roomId}/{userId}", p.makeJoin)
-	mux.HandleFunc("PUT /_matrix/federation/v2/send_join/{roomId}/{eventId}", p.sendJoin)
+	mux.HandleFunc("PUT /_matrix/federation/v2/send_join/{roomId}/{eventId}", p.unlessV1Only(p.sendJoin))
 	mux.HandleFunc("GET /_matrix/federation/v1/make_leave/{roomId}/{userId}", p.makeLeave)
-	mux.HandleFunc("PUT /_matrix/federation/v2/send_leave/{roomId}/{eventId}", p.sendLeave)
+	mux.HandleFunc("PUT /_matrix/federation/v2/send_leave/{roomId}/{eventId}", p.unlessV1Only(p.sendLeave))
+	mux.HandleFunc("PUT /_matrix/federation/v1/send_join/{roomId}/{eventId}", p.asV1("v1 send_join", p.sendJoin))
+	mux.HandleFunc("PUT /_matrix/federation/v1/send_leave/{roomId}/{eventId}", p.asV1("v1 send_leave", p.sendLeave))
 	mux.HandleFunc("GET /_matrix/federation/v1/event/{eventId}", func(w http.ResponseWriter, r *http.Request) {
 		if p.verify(w, r) == nil {
 			return
@@ -506,6 +512,46 @@ func (p *gmslPeer) serve() {
 		}
 		writeJSON(w, map[string]any{"user_id": r.PathValue("userId"), "stream_id": 1, "devices": []any{}})
 	})
+}
+
+// setV1Only makes the peer serve the v1 handshakes only.
+func (p *gmslPeer) setV1Only(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.v1Only = on
+}
+
+// unlessV1Only answers a v2 handshake as an older server does, which
+// does not know the path, when the peer is v1 only.
+func (p *gmslPeer) unlessV1Only(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		old := p.v1Only
+		p.mu.Unlock()
+		if old {
+			p.count("v2 refused")
+			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// asV1 serves a v1 handshake, counted as name: the v2 answer, wrapped
+// in [200, answer] when it succeeds.
+func (p *gmslPeer) asV1(name string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p.count(name)
+		rec := httptest.NewRecorder()
+		h(rec, r)
+		if rec.Code != http.StatusOK {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(rec.Code)
+			w.Write(rec.Body.Bytes())
+			return
+		}
+		writeJSON(w, []any{200, json.RawMessage(rec.Body.Bytes())})
+	}
 }
 
 // peerQuerier answers gomatrixserverlib's questions about the room, with

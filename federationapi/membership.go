@@ -31,7 +31,22 @@ func (a *api) membershipRoutes(r *mux.Router) {
 	r.Handle("/_matrix/federation/v2/send_join/{roomId}/{eventId}", a.authed(a.sendJoin)).Methods(http.MethodPut)
 	r.Handle("/_matrix/federation/v1/make_leave/{roomId}/{userId}", a.authed(a.makeLeave)).Methods(http.MethodGet)
 	r.Handle("/_matrix/federation/v2/send_leave/{roomId}/{eventId}", a.authed(a.sendLeave)).Methods(http.MethodPut)
+	// The v1 handshakes, which older servers still use: the same, with
+	// the answer in the array [200, answer] the first versions specified.
+	r.Handle("/_matrix/federation/v1/send_join/{roomId}/{eventId}", a.authed(v1Answer(a.sendJoin))).Methods(http.MethodPut)
+	r.Handle("/_matrix/federation/v1/send_leave/{roomId}/{eventId}", a.authed(v1Answer(a.sendLeave))).Methods(http.MethodPut)
 	r.Handle("/_matrix/federation/v2/invite/{roomId}/{eventId}", a.authed(a.invite)).Methods(http.MethodPut)
+}
+
+// v1Answer wraps a handshake's answer as v1 sends it: [200, answer].
+func v1Answer(h handler) handler {
+	return func(r request) (any, error) {
+		out, err := h(r)
+		if err != nil {
+			return nil, err
+		}
+		return []any{http.StatusOK, out}, nil
+	}
 }
 
 // pathVars returns the named path variables, decoded.

@@ -44,6 +44,9 @@ func TestFederationProfiles(t *testing.T) {
 		}
 		expectFedError(t, a, peer, "GET", q+"&field=email", nil, 400, "M_INVALID_PARAM")
 		expectFedError(t, a, peer, "GET", fedV1+"/query/profile", nil, 400, "M_MISSING_PARAM")
+		// A server part that is no server name is a bad request, not an
+		// unknown user.
+		expectFedError(t, a, peer, "GET", fedV1+"/query/profile?user_id="+url.QueryEscape("@user1:localhost:http"), nil, 400, "M_INVALID_PARAM")
 		expectFedError(t, a, peer, "GET", fedV1+"/query/profile?user_id="+url.QueryEscape(bob.UserID), nil, 404, "M_NOT_FOUND")
 
 		// bob joins alice's room: his join, built by B, carries his name.

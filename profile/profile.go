@@ -89,9 +89,13 @@ func (s *Service) Get(ctx context.Context, userID string) (storage.Profile, erro
 	return p, nil
 }
 
-// Local returns the profile of a user of this server: 404 for one who has
-// no account (or of another server).
+// Local returns the profile of a user of this server: 400 for a string
+// that is not a user ID (a server part that is no server name included),
+// 404 for one who has no account (or of another server).
 func (s *Service) Local(ctx context.Context, userID string) (storage.Profile, error) {
+	if _, err := spec.NewUserID(userID, true); err != nil {
+		return storage.Profile{}, mxerr.InvalidParam("%q is not a user ID", userID)
+	}
 	if matrixid.Server(userID) != s.serverName {
 		return storage.Profile{}, mxerr.NotFound("no profile for %s", userID)
 	}

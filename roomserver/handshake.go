@@ -424,7 +424,11 @@ type InviteRequest struct {
 func (s *Service) ReceiveInvite(ctx context.Context, origin, roomID, eventID string, req InviteRequest) (json.RawMessage, error) {
 	version := gomatrixserverlib.RoomVersion(req.RoomVersion)
 	if _, ok := RoomVersions()[req.RoomVersion]; !ok {
-		return nil, fromSpec(spec.IncompatibleRoomVersion(req.RoomVersion))
+		// As Synapse answers (MSC1866): the inviting server's client is
+		// told this server does not support the room's version.
+		e := mxerr.New(http.StatusBadRequest, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", req.RoomVersion)
+		e.Extra = map[string]any{"room_version": req.RoomVersion}
+		return nil, e
 	}
 	impl := gomatrixserverlib.MustGetRoomVersion(version)
 	ev, err := impl.NewEventFromUntrustedJSON(req.Event)

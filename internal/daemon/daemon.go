@@ -35,6 +35,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
+	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
@@ -287,12 +288,12 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit),
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log),
-			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
-			Rooms:           rooms,
-			Profiles:        profiles,
-			ToDevice:        toDevice,
-			Dehydrated:      dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
-			Parker:          d.parker,
+			AccountData:     accountdata.New(store, d.ks.StreamAdvanced), PushRules: pushrules.New(store, d.ks.StreamAdvanced),
+			Rooms:      rooms,
+			Profiles:   profiles,
+			ToDevice:   toDevice,
+			Dehydrated: dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
+			Parker:     d.parker,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),

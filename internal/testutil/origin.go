@@ -107,9 +107,13 @@ func SendTo(t testing.TB, n *Node, req *http.Request) Response {
 	raw, _ := io.ReadAll(resp.Body)
 	out := Response{Status: resp.StatusCode, Raw: raw}
 	if len(raw) > 0 {
-		if err := json.Unmarshal(raw, &out.Body); err != nil {
+		// The v1 membership handshakes answer an array ([200, answer]):
+		// Body holds objects only, Raw every answer.
+		var v any
+		if err := json.Unmarshal(raw, &v); err != nil {
 			t.Fatalf("answer is not JSON (%d): %s", resp.StatusCode, raw)
 		}
+		out.Body, _ = v.(map[string]any)
 	}
 	return out
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
+	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/todevice"
@@ -112,7 +113,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
 		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
 		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
-		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced),
+		KeyBackup: keybackup.New(store, log), AccountData: accountdata.New(store, ks.StreamAdvanced), PushRules: pushrules.New(store, ks.StreamAdvanced),
 		Rooms: rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
