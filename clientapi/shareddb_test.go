@@ -180,6 +180,7 @@ func TestSharedDatabaseRevocationIsImmediate(t *testing.T) {
 		withAuth(laptop, "POST", "/_matrix/client/v3/delete_devices", map[string]any{"devices": []string{tablet.DeviceID}})
 		refused("delete_devices", tablet.Token)
 
+		cached(laptop.Token)
 		again := a1.Login(t, alice, laptop.DeviceID) // takes laptop over
 		refused("a login taking the device over", laptop.Token)
 		cached(again.Token)
