@@ -20,7 +20,8 @@
 //	KEYSERVER_CONVERGENCE_SERVERS   number of servers, 3 or more (default 3)
 //	KEYSERVER_CONVERGENCE_USERS     users per server (default 2)
 //	KEYSERVER_CONVERGENCE_DEADLINE  the bound on convergence (default 30s)
-//	KEYSERVER_CONVERGENCE_FAULTS    "none": the writers only, no fault (a check of the harness)
+//	KEYSERVER_CONVERGENCE_FAULTS    "links": link faults only, no daemon killed; "none": the
+//	                                writers only (a check of the harness); default both
 //
 // make soak runs it longer (SEED, DURATION, SERVERS, USERS).
 package convergence
@@ -147,7 +148,7 @@ func TestConvergence(t *testing.T) {
 	if os.Getenv("KEYSERVER_CONVERGENCE_FAULTS") == "none" {
 		<-ctx.Done()
 	} else {
-		h.chaos(ctx, rand.New(rand.NewSource(seed*17+5)))
+		h.chaos(ctx, rand.New(rand.NewSource(seed*17+5)), os.Getenv("KEYSERVER_CONVERGENCE_FAULTS") != "links")
 	}
 	cancel()
 	wg.Wait()
@@ -432,9 +433,9 @@ func (h *harness) write(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-// chaos breaks links and kills daemons until ctx ends, restarting each
-// killed daemon a little later.
-func (h *harness) chaos(ctx context.Context, rng *rand.Rand) {
+// chaos breaks links and (with kills) kills daemons until ctx ends,
+// restarting each killed daemon a little later.
+func (h *harness) chaos(ctx context.Context, rng *rand.Rand, kills bool) {
 	type restart struct {
 		p  *proc
 		at time.Time
@@ -459,7 +460,7 @@ func (h *harness) chaos(ctx context.Context, rng *rand.Rand) {
 			}
 		}
 		switch n := rng.Intn(10); {
-		case n < 7: // a one-way link fails, or heals
+		case n < 7 || !kills: // a one-way link fails, or heals
 			dest := h.servers[rng.Intn(len(h.servers))]
 			origin := h.servers[rng.Intn(len(h.servers))]
 			if origin == dest {
