@@ -167,7 +167,12 @@ func TestConvergence(t *testing.T) {
 	end := time.Now()
 	t.Logf("faults ended; %d operations, %d refused or unanswered; %s", h.ops.Load(), h.failedOps.Load(), h.faultSummary())
 
-	// The verdict.
+	// The verdict. No answer may have been a 5xx, whatever the outcome.
+	defer func() {
+		if n := h.serverErrors.Load(); n > 0 {
+			t.Errorf("%d answers were 5xx: %s", n, h.firstServerError.Load())
+		}
+	}()
 	var diff string
 	for {
 		var ok bool
@@ -180,9 +185,6 @@ func TestConvergence(t *testing.T) {
 			t.Fatalf("not converged %v after the faults ended (seed %d): %s", deadline, seed, diff)
 		}
 		time.Sleep(200 * time.Millisecond)
-	}
-	if n := h.serverErrors.Load(); n > 0 {
-		t.Errorf("%d answers were 5xx: %s", n, h.firstServerError.Load())
 	}
 }
 
