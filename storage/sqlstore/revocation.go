@@ -58,10 +58,13 @@ var revocationConfirmTimeout = 2 * time.Second
 
 // revocations tracks this daemon's revocations awaiting confirmation.
 type revocations struct {
-	// id names this daemon among those sharing the database.
-	id  string
-	seq atomic.Uint64
-	mu  sync.Mutex
+	// server is a hash of the server name, which sets apart the daemons
+	// of one server from those of others using the same database; id
+	// names this daemon among them.
+	server string
+	id     string
+	seq    atomic.Uint64
+	mu     sync.Mutex
 	// waits: revocation ID -> the confirmations heard so far.
 	waits map[string]*revocationWait
 	log   atomic.Pointer[logrus.FieldLogger]
@@ -73,19 +76,21 @@ type revocationWait struct {
 	heard   chan struct{} // a confirmation arrived (capacity 1)
 }
 
-func newRevocations() *revocations {
+func newRevocations(serverName string) *revocations {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	r := &revocations{id: hex.EncodeToString(b[:]), waits: map[string]*revocationWait{}}
+	h := sha256.Sum256([]byte(serverName))
+	r := &revocations{server: hex.EncodeToString(h[:4]), id: hex.EncodeToString(b[:]), waits: map[string]*revocationWait{}}
 	var l logrus.FieldLogger = logrus.StandardLogger()
 	r.log.Store(&l)
 	return r
 }
 
 // start registers a new revocation before its notification is sent, so
-// that no confirmation is missed, and returns its ID.
+// that no confirmation is missed, and returns its ID:
+// "<server>.<instance>.<sequence>".
 func (r *revocations) start() (string, *revocationWait) {
-	id := r.id + "." + strconv.FormatUint(r.seq.Add(1), 10)
+	id := r.server + "." + r.id + "." + strconv.FormatUint(r.seq.Add(1), 10)
 	w := &revocationWait{started: time.Now(), acked: map[string]bool{}, heard: make(chan struct{}, 1)}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -158,8 +163,7 @@ func (s *Store) listenerURI() string {
 // listenerName is the application_name of the listener of instance id of
 // this server.
 func (s *Store) listenerName(id string) string {
-	h := sha256.Sum256([]byte(s.serverName))
-	return listenerAppName + hex.EncodeToString(h[:4]) + " " + id
+	return listenerAppName + s.rev.server + " " + id
 }
 
 // tokensPayload is the payload of a token notification: the user, and the
@@ -171,8 +175,10 @@ func tokensPayload(userID, revID string) string { return userID + "\n" + revID }
 func (s *Store) heardRevocation(payload string) {
 	userID, revID, _ := strings.Cut(payload, "\n")
 	s.tokens.revoke(userID)
-	if revID == "" || strings.HasPrefix(revID, s.rev.id+".") {
-		return // this daemon's own: dropped at commit already
+	if !strings.HasPrefix(revID, s.rev.server+".") || strings.HasPrefix(revID, s.rev.server+"."+s.rev.id+".") {
+		// Another server's (which does not wait for this daemon), or
+		// this daemon's own (dropped at commit already).
+		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), revocationConfirmTimeout)

@@ -140,7 +140,7 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
 		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000),
-		rev:     newRevocations()}
+		rev:     newRevocations(serverName)}
 	if lite != nil {
 		s.batcher = newWriteBatcher(s)
 	} else {
