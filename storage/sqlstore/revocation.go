@@ -23,20 +23,23 @@ import (
 // answered only once no daemon accepts the old tokens any more.
 //
 // The revoking daemon therefore waits for the others to confirm. Its
-// notification (on tokensChannel, sent at commit) carries a revocation ID;
-// each daemon that hears it drops the user's tokens and answers on
-// acksChannel with the ID and its own instance ID. The daemons to wait
-// for are those whose notification connections are open: each listener
-// connects with application_name "keyserver-listener <server> <instance
-// ID>" (<server> a hash of the server name, so that other servers using
-// the same database are not waited for), so that pg_stat_activity lists
-// them, and a connection ends with its process
-// (kill -9 included), so a dead daemon is never waited for. A daemon that
-// does not confirm within revocationConfirmTimeout (its listener stalled,
-// or it connected just after the commit and never heard it) has its
-// listener connection terminated: its caches go off and come back empty
-// when it has reconnected. A revoking daemon whose own listener is down
-// cannot hear confirmations and terminates the others' listeners at once.
+// notification (on tokensChannel, sent at commit) carries a revocation ID
+// that names the server; each daemon of that server that hears it drops
+// the user's tokens and answers on acksChannel with the ID and its own
+// instance ID. The daemons to wait for are those whose notification
+// connections are open: each listener connects with application_name
+// "keyserver-listener <server> <instance ID>" (<server> a hash of the
+// server name, so that other servers using the same database are not
+// waited for), which pg_stat_activity lists; a connection ends with its
+// process (kill -9 included), so a dead daemon is never waited for. A
+// daemon that does not confirm within revocationConfirmTimeout (its
+// listener stalled, or it connected just after the commit and never heard
+// it) has its listener connection terminated: its caches go off, once it
+// notices, and come back empty when it has reconnected. A revoking daemon
+// whose own listener is down cannot hear confirmations and terminates the
+// others' listeners at once. Those two fallbacks leave a window (until
+// the other daemon notices its connection ended) that only a stalled or
+// disconnected listener opens; the timeout is logged as a warning.
 //
 // The alternative, checking a revocation counter in the database before
 // trusting a cache entry, costs a round trip on every authenticated
