@@ -1,6 +1,9 @@
 # make build  builds bin/keyserver
 # make run    builds and starts the daemon on the embedded SQLite default
 # make test   runs every test, on SQLite and on PostgreSQL
+# make soak   runs the convergence test long: SEED=n DURATION=2m SERVERS=4 USERS=3 RUNS=1
+#             (faults for DURATION, then every server must agree within 30 s;
+#             each of RUNS runs takes a new random seed unless SEED is set)
 # make bench  measures the daemon with keyserver-bench on SQLite and PostgreSQL
 #             (BENCH_ARGS="--daemons 2", BENCH_ARGS="-phases sync": see docs/benchmarks.md)
 GO       ?= go
@@ -10,7 +13,13 @@ ARGS     ?=
 TAGS     ?= goolm
 TESTARGS ?= -race -count=1 -timeout 15m -tags $(TAGS)
 
-.PHONY: build run test bench vet clean
+SEED     ?=
+DURATION ?= 2m
+SERVERS  ?= 4
+USERS    ?= 3
+RUNS     ?= 1
+
+.PHONY: build run test soak bench vet clean
 
 build:
 	$(GO) build -o bin/keyserver ./cmd/keyserver
@@ -21,6 +30,11 @@ run: build
 
 test: vet
 	scripts/with-postgres.sh $(GO) test $(TESTARGS) ./...
+
+soak:
+	KEYSERVER_CONVERGENCE=1 KEYSERVER_CONVERGENCE_SEED=$(SEED) KEYSERVER_CONVERGENCE_DURATION=$(DURATION) \
+	KEYSERVER_CONVERGENCE_SERVERS=$(SERVERS) KEYSERVER_CONVERGENCE_USERS=$(USERS) \
+	scripts/with-postgres.sh $(GO) test -count=$(RUNS) -timeout 4h -tags $(TAGS) -v -run '^TestConvergence$$' ./internal/convergence/
 
 bench: build
 	scripts/bench.sh $(BENCH_ARGS)

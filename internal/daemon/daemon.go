@@ -208,6 +208,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
+	store.SetLogger(log)
 	key, created, err := identity.LoadOrCreateSigningKey(cfg.SigningKeyFile())
 	if err != nil {
 		store.Close()

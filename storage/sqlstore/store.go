@@ -71,6 +71,9 @@ type Store struct {
 	// and signatures (see userCache).
 	tokens  *userCache[tokenOwner]
 	devices *userCache[*cachedKeys]
+	// rev: revocations of cached tokens awaiting the other daemons'
+	// confirmation (PostgreSQL; see revocation.go).
+	rev *revocations
 	// roomMembers keeps rooms' members by state snapshot.
 	roomMembers memberCache
 	d           dialect
@@ -136,7 +139,8 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 		// change; on PostgreSQL the caches wait for WatchStream to listen
 		// for the changes of the other daemons.
 		tokens:  newUserCache[tokenOwner](d.name == "sqlite3", cacheTTL, 100_000),
-		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000)}
+		devices: newUserCache[*cachedKeys](d.name == "sqlite3", cacheTTL, 10_000),
+		rev:     newRevocations(serverName)}
 	if lite != nil {
 		s.batcher = newWriteBatcher(s)
 	} else {
@@ -415,8 +419,8 @@ func notifiedUsers(payload string) []string {
 }
 
 // The PostgreSQL notification channels: stream advances, users whose
-// access tokens were revoked, and local users whose devices changed (the
-// payload of the last two is the user ID).
+// access tokens were revoked (the user ID and a revocation ID, see
+// revocation.go), and local users whose devices changed (the user ID).
 const (
 	streamChannel  = "keyserver_stream"
 	tokensChannel  = "keyserver_tokens"
@@ -459,10 +463,10 @@ func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) 
 		f()
 		s.setCachesEnabled(connected && listening)
 	}
-	l := postgres.NewListener(s.uri, func(up bool) { set(func() { connected = up }) })
+	l := postgres.NewListener(s.listenerURI(), func(up bool) { set(func() { connected = up }) })
 	defer set(func() { listening = false })
 	defer l.Close()
-	for _, ch := range []string{streamChannel, tokensChannel, devicesChannel} {
+	for _, ch := range []string{streamChannel, tokensChannel, devicesChannel, acksChannel} {
 		if err := l.Listen(ch); err != nil {
 			return err
 		}
@@ -483,7 +487,9 @@ func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) 
 				// been missed, so wake the waiters anyway.
 				advanced(nil)
 			case n.Channel == tokensChannel:
-				s.tokens.revoke(n.Extra)
+				s.heardRevocation(n.Extra)
+			case n.Channel == acksChannel:
+				s.rev.acked(n.Extra)
 			case n.Channel == devicesChannel:
 				// Sent before the stream advance of the same change, so
 				// the cache is dropped before any /sync wakes to read it.
@@ -496,13 +502,16 @@ func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) 
 }
 
 // revokeTokens drops the cached tokens of userID once tx commits, here and,
-// on PostgreSQL, in the other daemons sharing the database.
+// on PostgreSQL, in the other daemons sharing the database, which confirm
+// it before the commit returns to the caller (see revocation.go).
 func (s *Store) revokeTokens(ctx context.Context, tx *txn, userID string) error {
 	tx.onCommit(func() { s.tokens.revoke(userID) })
 	if s.d.name != "postgres" {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+tokensChannel+`', $1)`, userID)
+	revID, w := s.rev.start()
+	tx.onCommit(func() { s.confirmRevocation(revID, w) })
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+tokensChannel+`', $1)`, tokensPayload(userID, revID))
 	return err
 }
 

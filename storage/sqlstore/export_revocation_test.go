@@ -1,0 +1,14 @@
+package sqlstore
+
+import "time"
+
+// SetRevocationConfirmTimeout changes how long a revocation waits for
+// confirmations, returning the old value.
+func SetRevocationConfirmTimeout(d time.Duration) time.Duration {
+	old := revocationConfirmTimeout
+	revocationConfirmTimeout = d
+	return old
+}
+
+// ListenerName is the application_name of instance id's listener.
+func (s *Store) ListenerName(id string) string { return s.listenerName(id) }
