@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -28,8 +29,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 // What a remote server answers is checked before it is stored or passed
-// on: devices of other users, unsigned keys and oversized lists are
-// refused; claimed keys must be signed by their device.
+// on, for what protects this server: devices of other users, keys of
+// another device than the one listed, and oversized lists are refused.
+// Keys are otherwise kept as sent, signed or not (clients check them),
+// with a missing user_id or device_id filled in. Claimed keys of a device
+// whose keys are known must be signed by it.
 func TestRemoteAnswersAreChecked(t *testing.T) {
 	n := testutil.StartNode(t, testutil.SQLite(t), nil)
 	bob := n.Register(t, "bob", "")
@@ -38,7 +42,8 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 	mallory := newRemoteUser(t, o, "mallory", "MALDEV")
 	carolKeys := carol.DeviceKeys(t)
 	forged := carol.DeviceKeys(t)
-	forged["device_id"] = "FORGED" // signature no longer covers it
+	forged["device_id"] = "FORGED" // signature no longer covers it: for clients to see
+	placeholder := map[string]any{"keys": map[string]any{"ed25519:test": "ed_key"}, "unsigned": map[string]any{"x": 1}}
 
 	o.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
 		switch r.PathValue("user") {
@@ -46,6 +51,9 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 			writeJSON(w, map[string]any{"user_id": carol.UserID, "stream_id": 7, "devices": []any{
 				map[string]any{"device_id": "CAROLDEV", "keys": carolKeys},
 				map[string]any{"device_id": "FORGED", "keys": forged},
+				map[string]any{"device_id": "OTHERDEV", "keys": carol.DeviceKeys(t)}, // CAROLDEV's keys
+				map[string]any{"device_id": "TOOL", "keys": placeholder},
+				map[string]any{"device_id": "BIG", "keys": map[string]any{"keys": map[string]any{"pad": strings.Repeat("x", 20000)}}},
 			}})
 		case "@mixed:" + o.Name: // holds another user's device
 			writeJSON(w, map[string]any{"user_id": "@mixed:" + o.Name, "stream_id": 7, "devices": []any{
@@ -71,8 +79,11 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 
 	r := query(t, n, bob, map[string][]string{carol.UserID: {}}, 5000)
 	got := devicesOf(t, r, carol.UserID)
-	if len(got) != 1 || got["CAROLDEV"] == nil || testutil.Canonical(t, got["CAROLDEV"]) != testutil.Canonical(t, carolKeys) {
-		t.Fatalf("expected only carol's signed device: %v", r)
+	wantTool := map[string]any{"user_id": carol.UserID, "device_id": "TOOL", "keys": placeholder["keys"]}
+	if len(got) != 3 || testutil.Canonical(t, got["CAROLDEV"]) != testutil.Canonical(t, carolKeys) ||
+		testutil.Canonical(t, got["FORGED"]) != testutil.Canonical(t, forged) ||
+		testutil.Canonical(t, got["TOOL"]) != testutil.Canonical(t, wantTool) {
+		t.Fatalf("expected carol's devices CAROLDEV, FORGED and TOOL as sent: %v", r)
 	}
 	for _, user := range []string{"@many:" + o.Name, "@someone:" + o.Name, "@mixed:" + o.Name} {
 		r := query(t, n, bob, map[string][]string{user: {}}, 5000)

@@ -352,7 +352,8 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 // checkUserDevices turns a /user/devices answer into a list to cache. The
 // whole answer is refused when it is for another user, holds another
 // user's device or names more than MaxRemoteDevices devices; single devices
-// whose keys are malformed or not signed by the device are left out.
+// whose keys checkRemoteDeviceKeys refuses are left out. The keys are kept as the server sent them: their
+// signatures are for clients to check.
 func (s *Service) checkUserDevices(ctx context.Context, server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
 	if resp.UserID != userID {
 		return nil, fmt.Errorf("%s answered for %q when asked for %q", server, resp.UserID, userID)
@@ -363,19 +364,21 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 	list := &storage.RemoteDeviceList{UserID: userID, StreamID: resp.StreamID, FetchedTS: s.nowMS()}
 	seen := map[string]bool{}
 	for _, d := range resp.Devices {
-		dk, err := ParseDeviceKeys(d.Keys)
-		if err == nil && dk.UserID != userID {
-			// Another user's device in the list: the answer cannot be trusted.
-			return nil, fmt.Errorf("%s lists a device of %s among %s's", server, dk.UserID, userID)
-		}
-		if err == nil && dk.DeviceID != d.DeviceID {
-			err = fmt.Errorf("keys are for device %s", dk.DeviceID)
-		}
-		if err == nil {
-			err = dk.VerifySelfSignature()
-		}
-		if err == nil && seen[d.DeviceID] {
+		var keys []byte
+		var err error
+		switch t := bytes.TrimSpace(d.Keys); {
+		case d.DeviceID == "":
+			err = errors.New("no device_id")
+		case len(t) == 0 || string(t) == "null":
+			continue // a device without keys is of no use to clients
+		case seen[d.DeviceID]:
 			err = errors.New("listed twice")
+		default:
+			keys, err = checkRemoteDeviceKeys(userID, d.DeviceID, d.Keys)
+		}
+		if errors.Is(err, errKeysOfOtherUser) {
+			// Another user's device in the list: the answer cannot be trusted.
+			return nil, fmt.Errorf("%s lists a device of another user among %s's: %w", server, userID, err)
 		}
 		if err != nil {
 			s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": d.DeviceID, "error": err.Error()}).
@@ -383,7 +386,7 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 			continue
 		}
 		seen[d.DeviceID] = true
-		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: dk.Canonical})
+		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: keys})
 	}
 	sort.Slice(list.Devices, func(i, j int) bool { return list.Devices[i].DeviceID < list.Devices[j].DeviceID })
 	keys, err := checkRemoteCrossSigning(userID, nil, resp.MasterKey, resp.SelfSigningKey)
