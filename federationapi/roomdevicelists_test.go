@@ -32,7 +32,7 @@ func toolKeys(t *testing.T, n *testutil.Node, u *testutil.User) map[string]any {
 	keys := map[string]any{
 		"user_id": u.UserID, "device_id": u.DeviceID,
 		"algorithms": []any{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
-		"keys": map[string]any{"ed25519:" + u.DeviceID: testutil.RandomKey(), "curve25519:" + u.DeviceID: testutil.RandomKey()},
+		"keys":       map[string]any{"ed25519:" + u.DeviceID: testutil.RandomKey(), "curve25519:" + u.DeviceID: testutil.RandomKey()},
 	}
 	n.Upload(t, u, map[string]any{"device_keys": keys})
 	return keys
