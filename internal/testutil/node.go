@@ -96,9 +96,6 @@ func (n *Node) start(fedLn net.Listener) {
 // retries and recovery take fractions of a second; the backoff logic is
 // the same.
 func testTuning(k *keyserver.Options, f *fedclient.Options) {
-	if os.Getenv("PROBE_NO_TUNING") != "" {
-		return
-	}
 	f.MinBackoff = time.Second
 	k.Sender.MinRetry = 200 * time.Millisecond
 	k.Updater.TimeoutBase, k.Updater.ErrorBase = 200*time.Millisecond, 200*time.Millisecond
