@@ -141,7 +141,8 @@ func TestFailingServerBacksOff(t *testing.T) {
 
 // Claimed keys the other server has handed over are spent there: a key
 // this server cannot check (a plain curve25519 key, an algorithm it does
-// not know, a device whose keys it does not have) is passed on unchanged;
+// not know, a device whose keys it does not have or whose ed25519 key is a
+// test tool's placeholder) is passed on unchanged;
 // only a signed_curve25519 key that fails the check against its device's
 // key is dropped, as are keys that were not asked for.
 func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
@@ -162,7 +163,8 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 				writeJSON(w, map[string]string{"errcode": "M_NOT_FOUND", "error": "no such user"})
 				return
 			}
-			devices := []any{}
+			devices := []any{map[string]any{"device_id": "PLACEHOLDER", "keys": map[string]any{
+				"keys": map[string]any{"ed25519:PLACEHOLDER": "ed_key", "curve25519:PLACEHOLDER": "curve_key"}}}}
 			for _, id := range []string{"PLAIN", "NEWALG", "SIGNED", "BADSIG", "WRONGALG"} {
 				devices = append(devices, map[string]any{"device_id": id, "keys": dev[id].DeviceKeys(t)})
 			}
@@ -179,6 +181,8 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 				"UNLISTED": map[string]any{"signed_curve25519:U1": dev["UNLISTED"].SignedKey(t, false)},
 				"WRONGALG": map[string]any{"curve25519:W1": testutil.RandomKey()},
 				"NOTASKED": map[string]any{"signed_curve25519:N1": dev["SIGNED"].SignedKey(t, false)},
+				"PLACEHOLDER": map[string]any{"signed_curve25519:X1": map[string]any{"key": "otk",
+					"signatures": map[string]any{carolID: map[string]any{"ed25519:PLACEHOLDER": "sig"}}}},
 			},
 			dave.UserID: map[string]any{"DAVEDEV": map[string]any{"signed_curve25519:D1": dave.SignedKey(t, true)}},
 		}
@@ -188,7 +192,8 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 
 		c := n.Must(t, "POST", "/_matrix/client/v3/keys/claim", bob.Token, map[string]any{"one_time_keys": map[string]any{
 			carolID: map[string]string{"PLAIN": "curve25519", "NEWALG": "org.example.new", "SIGNED": "signed_curve25519",
-				"BADSIG": "signed_curve25519", "UNLISTED": "signed_curve25519", "WRONGALG": "signed_curve25519"},
+				"BADSIG": "signed_curve25519", "UNLISTED": "signed_curve25519", "WRONGALG": "signed_curve25519",
+				"PLACEHOLDER": "signed_curve25519"},
 			dave.UserID: map[string]string{"DAVEDEV": "signed_curve25519"},
 		}})
 		if f := failuresOf(c); len(f) != 0 {
@@ -196,7 +201,7 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 		}
 		got := c["one_time_keys"].(map[string]any)
 		want := map[string][]string{
-			carolID:     {"PLAIN", "NEWALG", "SIGNED", "UNLISTED"},
+			carolID:     {"PLAIN", "NEWALG", "SIGNED", "UNLISTED", "PLACEHOLDER"},
 			dave.UserID: {"DAVEDEV"},
 		}
 		for userID, devices := range want {

@@ -479,7 +479,8 @@ func (s *Service) claimRemote(ctx context.Context, remote map[string]map[string]
 // ed25519 key. Keys this server cannot check are passed on unchanged, for
 // the client to judge: other algorithms (a plain "curve25519" string, an
 // algorithm this server does not know), and keys of a device whose keys
-// are not known here (its list could not be fetched, or does not hold it).
+// are not known here (its list could not be fetched, or does not hold it,
+// or its ed25519 key is a placeholder rather than a key).
 func (s *Service) verifiedClaims(ctx context.Context, server string, req map[string]map[string]string,
 	got map[string]map[string]map[string]json.RawMessage) map[string]map[string]map[string]json.RawMessage {
 	var users []string // those with a key whose signature can be checked
@@ -505,7 +506,9 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 		identity := map[string]string{}
 		if l := lists[userID]; l != nil {
 			for _, d := range l.Devices {
-				if ed, _, err := storedIdentityKeys(d.KeyJSON); err == nil {
+				// A placeholder (a value that is not a key: other servers'
+				// keys are kept as sent) checks nothing: as unknown.
+				if ed, _, err := storedIdentityKeys(d.KeyJSON); err == nil && isKeyValue(ed) {
 					identity[d.DeviceID] = ed
 				}
 			}
@@ -541,4 +544,10 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 		}
 	}
 	return out
+}
+
+// isKeyValue reports whether s is a 32-byte key in base64.
+func isKeyValue(s string) bool {
+	b, err := decodeBase64(s)
+	return err == nil && len(b) == 32
 }
