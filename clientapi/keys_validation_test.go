@@ -278,6 +278,12 @@ func TestKeysLaxTestToolShapes(t *testing.T) {
 			srv.Join(t, "!room:x", bob.UserID)
 			isLax := srv == lax
 			first := alice.DeviceKeys(t)
+			// Well formed and signed by the device, with a key ID that is
+			// not the device ID besides its own keys.
+			oddID := alice.DeviceKeys(t)
+			delete(oddID, "signatures")
+			oddID["keys"].(map[string]any)["ed25519:test"] = testutil.RandomKey()
+			oddID = testutil.Sign(t, oddID, alice.UserID, alice.DeviceID, alice.Key)
 			_, alice.Key, _ = ed25519.GenerateKey(rand.Reader)
 			second := alice.DeviceKeys(t) // new identity keys for the same device
 			steps := []struct {
@@ -299,6 +305,7 @@ func TestKeysLaxTestToolShapes(t *testing.T) {
 					"keys":       map[string]string{"ed25519:ALICEDEV": testutil.RandomKey(), "curve25519:ALICEDEV": testutil.RandomKey()}}, "M_BAD_JSON"},
 				// sytest's "updated": "keys", a field clients do not know.
 				{"other fields", map[string]any{"user_id": alice.UserID, "device_id": "ALICEDEV", "updated": "keys"}, "M_BAD_JSON"},
+				{"ed25519:test beside the device's keys", oddID, "M_INVALID_PARAM"},
 				// Well-formed and signed, but not the device's first keys.
 				{"identity keys replaced", first, ""},
 				{"identity keys replaced again", second, "M_INVALID_PARAM"},
