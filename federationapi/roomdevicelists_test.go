@@ -156,7 +156,19 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 				roomID := roomOf(a, alice)
 				_, since := syncOnce(t, a, alice, "", 0)
 				bobSince := syncUntilQuiet(t, bn, bob, "")
+				// A /sync of alice waiting for news when bob joins wakes
+				// for it (well before its timeout).
+				waiting := make(chan testutil.Response, 1)
+				go func() {
+					waiting <- a.Do(t, "GET", clientV3+"/sync?timeout=20000&since="+url.QueryEscape(since), alice.Token, nil)
+				}()
+				eventually(t, "alice's /sync to wait", func() bool { return a.Service.WaitingSyncs() > 0 })
+				start := time.Now()
 				joinVia(t, bn, bob, roomID, a)
+				r := <-waiting
+				if dl, _ := r.Body["device_lists"].(map[string]any); r.Status != 200 || !slices.Contains(asList(dl["changed"]), any(bob.UserID)) || time.Since(start) > 15*time.Second {
+					t.Fatalf("alice's waiting /sync after %v: %d %s", time.Since(start), r.Status, r.Raw)
+				}
 				// Each sees the other at their next /sync: the join is on
 				// both servers when bob's /join returned.
 				d, since := syncOnce(t, a, alice, since, 0)
