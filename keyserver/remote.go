@@ -352,8 +352,8 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 // checkUserDevices turns a /user/devices answer into a list to cache. The
 // whole answer is refused when it is for another user, holds another
 // user's device or names more than MaxRemoteDevices devices; single devices
-// whose keys checkRemoteDeviceKeys refuses are left out. The keys are kept as the server sent them: their
-// signatures are for clients to check.
+// whose keys checkRemoteDeviceKeys refuses are left out. The keys are kept
+// as the server sent them: their signatures are for clients to check.
 func (s *Service) checkUserDevices(ctx context.Context, server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
 	if resp.UserID != userID {
 		return nil, fmt.Errorf("%s answered for %q when asked for %q", server, resp.UserID, userID)

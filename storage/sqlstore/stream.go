@@ -141,11 +141,11 @@ type memberMove struct {
 // did not before the write (a list cached while they shared none, for a
 // query, was not kept up to date) or had no cached list, among those who
 // joined or were invited and, when a local user joined or was invited,
-// the room's remote members; it stops for those who share no room with a local user
-// any more, among those who left and, when a local user left, the room's
-// remote members. With later, the changed rows get no stream position
-// (0): the caller gives them one after (PostgreSQL's room writes take
-// their positions last, placeLast), and gets their users.
+// the room's remote members; it stops for those who share no room with a
+// local user any more, among those who left and, when a local user left,
+// the room's remote members. With later, the changed rows get no stream
+// position (0): the caller gives them one after (PostgreSQL's room writes
+// take their positions last, placeLast), and gets their users.
 func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, moves []memberMove, now int64, later bool) (_ []storage.StaleUser, changedUsers []string, _ error) {
 	// A user moved twice (a join and a leave in one write) ends as the
 	// last move says.
@@ -269,9 +269,16 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 			return nil, nil, err
 		}
 	}
-	for _, u := range sharing {
-		if !sharedBefore[u] && !slices.Contains(start, u) {
-			start = append(start, u)
+	if len(sharing) > 0 {
+		starting := make(map[string]bool, len(start))
+		for _, u := range start {
+			starting[u] = true
+		}
+		for _, u := range sharing {
+			if !sharedBefore[u] && !starting[u] {
+				starting[u] = true
+				start = append(start, u)
+			}
 		}
 	}
 	if localLeft {
