@@ -182,7 +182,10 @@ func TestToolShapedRemoteDeviceLists(t *testing.T) {
 
 				// Deletion: the server is back, the device goes.
 				creator.set(42, map[string]toolDevice{"random_device_id": {keys: newKeys, name: "New device name"}, "TOOLDEV": {keys: toolKeys}}, false)
-				eventually(t, "the resync after the server came back", func() bool { return notStale(n, p.creator) })
+				// A query of the stale user fetches the list again.
+				if got := queriedDevices(t, n, alice, p.creator); len(got) != 2 || !notStale(n, p.creator) {
+					t.Fatalf("once the server is back: %v", got)
+				}
 				creator.set(43, map[string]toolDevice{"random_device_id": {keys: newKeys, name: "New device name"}}, false)
 				p.sendEDUs(t, n, deviceListEDU(map[string]any{"user_id": p.creator, "device_id": "TOOLDEV", "prev_id": []int64{42}, "stream_id": 43, "deleted": true}))
 				if got := queriedDevices(t, n, alice, p.creator); len(got) != 1 || got["random_device_id"] == nil {
