@@ -312,10 +312,15 @@ func (s *Service) heldResync(ctx context.Context, server, userID string, wait bo
 }
 
 // releaseResync gives up a hold after a failed fetch, so that the others
-// need not wait for it to end.
+// need not wait for it to end; the updater, which waits for the hold's
+// end to retry the user, looks again now.
 func (s *Service) releaseResync(ctx context.Context, userID string) {
 	if err := s.db.ReleaseResync(context.WithoutCancel(ctx), userID); err != nil {
 		s.logger(ctx).WithFields(logrus.Fields{"user_id": userID, "error": err.Error()}).Warn("could not release a resync hold; it ends by itself")
+		return
+	}
+	if s.updater != nil {
+		s.updater.Wake()
 	}
 }
 
