@@ -1,6 +1,8 @@
 package clientapi_test
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"net/http"
 	"sort"
@@ -215,25 +217,22 @@ func TestKeysLaxValidation(t *testing.T) {
 			body    map[string]any
 			errcode string
 		}{
-			{"no signatures", withKeys(func(m map[string]any) { delete(m, "signatures") }), "M_BAD_JSON"},
 			{"no user_id", withKeys(func(m map[string]any) { delete(m, "user_id") }), "M_BAD_JSON"},
-			{"no algorithms", withKeys(func(m map[string]any) { delete(m, "algorithms") }), "M_BAD_JSON"},
-			{"no keys", withKeys(func(m map[string]any) { delete(m, "keys") }), "M_BAD_JSON"},
 			{"another user", withKeys(func(m map[string]any) { m["user_id"] = alice.UserID }), "M_INVALID_PARAM"},
 			{"another device", withKeys(func(m map[string]any) {
 				m["device_id"] = "OTHER"
 				m["keys"] = map[string]string{"ed25519:OTHER": "k"}
 			}), "M_INVALID_PARAM"},
+			{"no device_id", withKeys(func(m map[string]any) { delete(m, "device_id") }), "M_BAD_JSON"},
 			{"user_id not a string", withKeys(func(m map[string]any) { m["user_id"] = 5 }), "M_BAD_JSON"},
+			{"keys not an object", withKeys(func(m map[string]any) { m["keys"] = []string{"k"} }), "M_BAD_JSON"},
+			{"key name without a key ID", withKeys(func(m map[string]any) { m["keys"] = map[string]string{"ed25519:": "k"} }), "M_INVALID_PARAM"},
+			{"key name without an algorithm", withKeys(func(m map[string]any) { m["keys"] = map[string]string{"test": "k"} }), "M_INVALID_PARAM"},
 			{"algorithms not a list", withKeys(func(m map[string]any) { m["algorithms"] = "m.megolm.v1.aes-sha2" }), "M_BAD_JSON"},
 			{"empty algorithm", withKeys(func(m map[string]any) { m["algorithms"] = []string{""} }), "M_INVALID_PARAM"},
 			{"key value not a string", withKeys(func(m map[string]any) {
 				m["keys"] = map[string]any{"ed25519:BOBDEV": 5}
 			}), "M_BAD_JSON"},
-			{"key naming another device", withKeys(func(m map[string]any) {
-				m["keys"] = map[string]string{"ed25519:BOBDEV": "k", "curve25519:OTHER": "k"}
-			}), "M_INVALID_PARAM"},
-			{"no ed25519 key", withKeys(func(m map[string]any) { m["keys"] = map[string]string{"curve25519:BOBDEV": "k"} }), "M_INVALID_PARAM"},
 			{"signatures of the wrong type", withKeys(func(m map[string]any) { m["signatures"] = map[string]any{bob.UserID: "sig"} }), "M_BAD_JSON"},
 			{"signed key without signatures", withOTK("signed_curve25519:X", map[string]any{"key": "k"}), "M_BAD_JSON"},
 			{"signed key as a string", withOTK("signed_curve25519:X", "k"), "M_BAD_JSON"},
@@ -259,13 +258,91 @@ func TestKeysLaxValidation(t *testing.T) {
 			})
 		}
 
-		// A device's identity keys still cannot change.
-		changed := placeholderKeys(alice)
-		changed["keys"] = map[string]string{"ed25519:ALICEDEV": "another_ed25519_key"}
-		if r := lax.Do(t, "POST", uploadPath, alice.Token, map[string]any{"device_keys": changed}); r.Status != http.StatusBadRequest || r.Errcode() != "M_INVALID_PARAM" {
-			t.Fatalf("changed identity key: %d %s", r.Status, r.Raw)
+	})
+}
+
+// With keys.strict_validation: false, device keys are taken as test tools
+// upload them: without algorithms, keys or signatures, with key IDs that
+// are not the device ID, and with identity keys that replace the
+// device's earlier ones; each new version is a device-list change for the
+// users sharing a room, and is what queries return. Strict mode refuses
+// the key IDs, the missing signatures and the replaced identity keys.
+func TestKeysLaxTestToolShapes(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		lax := testutil.NewServer(t, db, testutil.ServerOptions{LaxKeyValidation: true})
+		strict := testutil.NewServer(t, emptyDatabaseLike(t, db), testutil.ServerOptions{})
+		for _, srv := range []*testutil.Server{lax, strict} {
+			alice := srv.Register(t, "alice", "ALICEDEV")
+			bob := srv.Register(t, "bob", "BOBDEV")
+			srv.Join(t, "!room:x", alice.UserID)
+			srv.Join(t, "!room:x", bob.UserID)
+			isLax := srv == lax
+			first := alice.DeviceKeys(t)
+			// Well formed and signed by the device, with a key ID that is
+			// not the device ID besides its own keys.
+			oddID := alice.DeviceKeys(t)
+			delete(oddID, "signatures")
+			oddID["keys"].(map[string]any)["ed25519:test"] = testutil.RandomKey()
+			oddID = testutil.Sign(t, oddID, alice.UserID, alice.DeviceID, alice.Key)
+			_, alice.Key, _ = ed25519.GenerateKey(rand.Reader)
+			second := alice.DeviceKeys(t) // new identity keys for the same device
+			steps := []struct {
+				name string
+				keys map[string]any
+				// strictErr is strict mode's answer; "" when it accepts.
+				strictErr string
+			}{
+				// sytest's matrix_put_e2e_keys, before any keys are given.
+				{"ids alone", map[string]any{"user_id": alice.UserID, "device_id": "ALICEDEV"}, "M_BAD_JSON"},
+				// Key IDs that are not the device ID, no algorithms, no signatures.
+				{"ed25519:test", map[string]any{"user_id": alice.UserID, "device_id": "ALICEDEV",
+					"keys": map[string]string{"ed25519:test": "cmltKURmLTRV86hBT_jh8AFH9RAdz0yAZOfvlBUQqP8"}}, "M_BAD_JSON"},
+				{"ed25519:test replaced", map[string]any{"user_id": alice.UserID, "device_id": "ALICEDEV",
+					"keys": map[string]string{"ed25519:test": "aI2BUUeIQ0Y8T7Tv7jJh2ADagpoWdtHf4XipFPvjXI8"}}, "M_BAD_JSON"},
+				// Complement's keys: real values, no signatures.
+				{"no signatures", map[string]any{"user_id": alice.UserID, "device_id": "ALICEDEV",
+					"algorithms": []string{"m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"},
+					"keys":       map[string]string{"ed25519:ALICEDEV": testutil.RandomKey(), "curve25519:ALICEDEV": testutil.RandomKey()}}, "M_BAD_JSON"},
+				// sytest's "updated": "keys", a field clients do not know.
+				{"other fields", map[string]any{"user_id": alice.UserID, "device_id": "ALICEDEV", "updated": "keys"}, "M_BAD_JSON"},
+				{"ed25519:test beside the device's keys", oddID, "M_INVALID_PARAM"},
+				// Well-formed and signed, but not the device's first keys.
+				{"identity keys replaced", first, ""},
+				{"identity keys replaced again", second, "M_INVALID_PARAM"},
+			}
+			for i, step := range steps {
+				since := srv.Must(t, "GET", "/_matrix/client/v3/sync", bob.Token, nil)["next_batch"].(string)
+				r := srv.Do(t, "POST", uploadPath, alice.Token, map[string]any{"device_keys": step.keys})
+				switch {
+				case isLax && r.Status != http.StatusOK:
+					t.Fatalf("lax, %s: %d %s", step.name, r.Status, r.Raw)
+				case !isLax && step.strictErr == "" && r.Status != http.StatusOK:
+					t.Fatalf("strict, %s: %d %s", step.name, r.Status, r.Raw)
+				case !isLax && step.strictErr != "" && (r.Status != http.StatusBadRequest || r.Errcode() != step.strictErr):
+					t.Fatalf("strict, %s: %d %s, want 400 %s", step.name, r.Status, r.Raw, step.strictErr)
+				}
+				accepted := r.Status == http.StatusOK
+				got := deviceKeysOf(t, queryKeys(t, srv, bob, map[string][]string{alice.UserID: {}}), alice.UserID)["ALICEDEV"]
+				if accepted && canonicalOf(t, got) != canonicalOf(t, step.keys) {
+					t.Fatalf("%v, %s: queried %v, want %v", isLax, step.name, got, step.keys)
+				}
+				to := srv.Must(t, "GET", "/_matrix/client/v3/sync", bob.Token, nil)["next_batch"].(string)
+				ch := srv.Must(t, "GET", "/_matrix/client/v3/keys/changes?from="+since+"&to="+to, bob.Token, nil)
+				changed := asStrings(ch["changed"])
+				if accepted != (len(changed) == 1 && changed[0] == alice.UserID) {
+					t.Fatalf("%v, step %d %s: accepted %v, bob's changes %v", isLax, i, step.name, accepted, changed)
+				}
+			}
 		}
 	})
+}
+
+func asStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
 }
 
 // keys.strict_validation reaches the daemon: a whole daemon with it off

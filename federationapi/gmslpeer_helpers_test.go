@@ -62,6 +62,16 @@ type gmslPeer struct {
 	// noMissingEvents answers every get_missing_events with no event;
 	// failMissingEvents with 500.
 	noMissingEvents, failMissingEvents bool
+	// devicesAnswer, when set, answers /user/devices (status and body);
+	// otherwise every user has no devices.
+	devicesAnswer func(userID string) (int, any)
+}
+
+// answerDevices sets the answer of /user/devices (nil: no devices).
+func (p *gmslPeer) answerDevices(f func(userID string) (int, any)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.devicesAnswer = f
 }
 
 // setFailures sets the answers that replace make_join and send_join
@@ -505,9 +515,18 @@ func (p *gmslPeer) serve() {
 	mux.HandleFunc("POST /_matrix/federation/v1/get_missing_events/{roomId}", p.missingEvents)
 	mux.HandleFunc("PUT /_matrix/federation/v1/send/{txnId}", p.receive)
 	// The daemon tracks the device lists of the room's users: they have
-	// no devices.
+	// no devices unless the test says otherwise.
 	mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{userId}", func(w http.ResponseWriter, r *http.Request) {
 		if p.verify(w, r) == nil {
+			return
+		}
+		p.mu.Lock()
+		p.calls["user_devices"]++
+		answer := p.devicesAnswer
+		p.mu.Unlock()
+		if answer != nil {
+			status, body := answer(r.PathValue("userId"))
+			writeStatus(w, status, body)
 			return
 		}
 		writeJSON(w, map[string]any{"user_id": r.PathValue("userId"), "stream_id": 1, "devices": []any{}})
@@ -905,6 +924,20 @@ func (p *gmslPeer) send(t testing.TB, n *testutil.Node, pdus ...json.RawMessage)
 		out[id] = e
 	}
 	return out
+}
+
+// sendEDUs sends EDUs in one transaction and fails the test unless it
+// is answered 200.
+func (p *gmslPeer) sendEDUs(t testing.TB, n *testutil.Node, edus ...map[string]any) {
+	t.Helper()
+	p.mu.Lock()
+	p.txn++
+	txnID := fmt.Sprintf("peertxn%d", p.txn)
+	p.mu.Unlock()
+	body := map[string]any{"origin": p.Name, "origin_server_ts": time.Now().UnixMilli(), "pdus": []any{}, "edus": edus}
+	if r := testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, p.SendPath(txnID), body, "", nil)); r.Status != http.StatusOK {
+		t.Fatalf("/send: %d %s", r.Status, r.Raw)
+	}
 }
 
 // sendEvents sends events and fails the test unless each was accepted.

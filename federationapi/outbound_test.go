@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -28,8 +29,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 // What a remote server answers is checked before it is stored or passed
-// on: devices of other users, unsigned keys and oversized lists are
-// refused; claimed keys must be signed by their device.
+// on, for what protects this server: devices of other users, keys of
+// another device than the one listed, and oversized lists are refused.
+// Keys are otherwise kept as sent, signed or not (clients check them),
+// with a missing user_id or device_id filled in. Claimed keys of a device
+// whose keys are known must be signed by it.
 func TestRemoteAnswersAreChecked(t *testing.T) {
 	n := testutil.StartNode(t, testutil.SQLite(t), nil)
 	bob := n.Register(t, "bob", "")
@@ -38,7 +42,8 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 	mallory := newRemoteUser(t, o, "mallory", "MALDEV")
 	carolKeys := carol.DeviceKeys(t)
 	forged := carol.DeviceKeys(t)
-	forged["device_id"] = "FORGED" // signature no longer covers it
+	forged["device_id"] = "FORGED" // signature no longer covers it: for clients to see
+	placeholder := map[string]any{"keys": map[string]any{"ed25519:test": "ed_key"}, "unsigned": map[string]any{"x": 1}}
 
 	o.Mux.HandleFunc("GET /_matrix/federation/v1/user/devices/{user}", func(w http.ResponseWriter, r *http.Request) {
 		switch r.PathValue("user") {
@@ -46,6 +51,9 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 			writeJSON(w, map[string]any{"user_id": carol.UserID, "stream_id": 7, "devices": []any{
 				map[string]any{"device_id": "CAROLDEV", "keys": carolKeys},
 				map[string]any{"device_id": "FORGED", "keys": forged},
+				map[string]any{"device_id": "OTHERDEV", "keys": carol.DeviceKeys(t)}, // CAROLDEV's keys
+				map[string]any{"device_id": "TOOL", "keys": placeholder},
+				map[string]any{"device_id": "BIG", "keys": map[string]any{"keys": map[string]any{"pad": strings.Repeat("x", 20000)}}},
 			}})
 		case "@mixed:" + o.Name: // holds another user's device
 			writeJSON(w, map[string]any{"user_id": "@mixed:" + o.Name, "stream_id": 7, "devices": []any{
@@ -71,8 +79,11 @@ func TestRemoteAnswersAreChecked(t *testing.T) {
 
 	r := query(t, n, bob, map[string][]string{carol.UserID: {}}, 5000)
 	got := devicesOf(t, r, carol.UserID)
-	if len(got) != 1 || got["CAROLDEV"] == nil || testutil.Canonical(t, got["CAROLDEV"]) != testutil.Canonical(t, carolKeys) {
-		t.Fatalf("expected only carol's signed device: %v", r)
+	wantTool := map[string]any{"user_id": carol.UserID, "device_id": "TOOL", "keys": placeholder["keys"]}
+	if len(got) != 3 || testutil.Canonical(t, got["CAROLDEV"]) != testutil.Canonical(t, carolKeys) ||
+		testutil.Canonical(t, got["FORGED"]) != testutil.Canonical(t, forged) ||
+		testutil.Canonical(t, got["TOOL"]) != testutil.Canonical(t, wantTool) {
+		t.Fatalf("expected carol's devices CAROLDEV, FORGED and TOOL as sent: %v", r)
 	}
 	for _, user := range []string{"@many:" + o.Name, "@someone:" + o.Name, "@mixed:" + o.Name} {
 		r := query(t, n, bob, map[string][]string{user: {}}, 5000)
@@ -130,7 +141,8 @@ func TestFailingServerBacksOff(t *testing.T) {
 
 // Claimed keys the other server has handed over are spent there: a key
 // this server cannot check (a plain curve25519 key, an algorithm it does
-// not know, a device whose keys it does not have) is passed on unchanged;
+// not know, a device whose keys it does not have or whose ed25519 key is a
+// test tool's placeholder) is passed on unchanged;
 // only a signed_curve25519 key that fails the check against its device's
 // key is dropped, as are keys that were not asked for.
 func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
@@ -151,7 +163,8 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 				writeJSON(w, map[string]string{"errcode": "M_NOT_FOUND", "error": "no such user"})
 				return
 			}
-			devices := []any{}
+			devices := []any{map[string]any{"device_id": "PLACEHOLDER", "keys": map[string]any{
+				"keys": map[string]any{"ed25519:PLACEHOLDER": "ed_key", "curve25519:PLACEHOLDER": "curve_key"}}}}
 			for _, id := range []string{"PLAIN", "NEWALG", "SIGNED", "BADSIG", "WRONGALG"} {
 				devices = append(devices, map[string]any{"device_id": id, "keys": dev[id].DeviceKeys(t)})
 			}
@@ -168,6 +181,8 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 				"UNLISTED": map[string]any{"signed_curve25519:U1": dev["UNLISTED"].SignedKey(t, false)},
 				"WRONGALG": map[string]any{"curve25519:W1": testutil.RandomKey()},
 				"NOTASKED": map[string]any{"signed_curve25519:N1": dev["SIGNED"].SignedKey(t, false)},
+				"PLACEHOLDER": map[string]any{"signed_curve25519:X1": map[string]any{"key": "otk",
+					"signatures": map[string]any{carolID: map[string]any{"ed25519:PLACEHOLDER": "sig"}}}},
 			},
 			dave.UserID: map[string]any{"DAVEDEV": map[string]any{"signed_curve25519:D1": dave.SignedKey(t, true)}},
 		}
@@ -177,7 +192,8 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 
 		c := n.Must(t, "POST", "/_matrix/client/v3/keys/claim", bob.Token, map[string]any{"one_time_keys": map[string]any{
 			carolID: map[string]string{"PLAIN": "curve25519", "NEWALG": "org.example.new", "SIGNED": "signed_curve25519",
-				"BADSIG": "signed_curve25519", "UNLISTED": "signed_curve25519", "WRONGALG": "signed_curve25519"},
+				"BADSIG": "signed_curve25519", "UNLISTED": "signed_curve25519", "WRONGALG": "signed_curve25519",
+				"PLACEHOLDER": "signed_curve25519"},
 			dave.UserID: map[string]string{"DAVEDEV": "signed_curve25519"},
 		}})
 		if f := failuresOf(c); len(f) != 0 {
@@ -185,7 +201,7 @@ func TestRemoteClaimsPassOnUncheckableKeys(t *testing.T) {
 		}
 		got := c["one_time_keys"].(map[string]any)
 		want := map[string][]string{
-			carolID:     {"PLAIN", "NEWALG", "SIGNED", "UNLISTED"},
+			carolID:     {"PLAIN", "NEWALG", "SIGNED", "UNLISTED", "PLACEHOLDER"},
 			dave.UserID: {"DAVEDEV"},
 		}
 		for userID, devices := range want {

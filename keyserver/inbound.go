@@ -3,7 +3,6 @@ package keyserver
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"sync"
 	"time"
 
@@ -20,7 +19,8 @@ import (
 // Only m.device_list_update, m.signing_key_update and m.direct_to_device
 // EDUs are acted on (the last by Options.DirectToDevice).
 // A device-list update is checked (its user
-// must belong to the sending server and share a room with one of ours) and
+// must belong to the sending server and share a room with one of ours, its
+// keys must pass checkRemoteDeviceKeys: they are kept as sent, unverified) and
 // applied to the cached list in one transaction that also checks its
 // prev_ids; a gap marks the user stale, persisted before anything else, and
 // the user is resynced. The transaction is answered only once what it
@@ -162,20 +162,14 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 	upd := storage.RemoteDeviceUpdate{UserID: c.UserID, DeviceID: c.DeviceID, StreamID: *c.StreamID,
 		PrevIDs: c.PrevID, Deleted: c.Deleted, DisplayName: c.DisplayName}
 	if !c.Deleted && len(c.Keys) > 0 && string(c.Keys) != "null" {
-		dk, err := ParseDeviceKeys(c.Keys)
-		if err == nil && (dk.UserID != c.UserID || dk.DeviceID != c.DeviceID) {
-			err = fmt.Errorf("keys of %s %s", dk.UserID, dk.DeviceID)
-		}
-		if err == nil {
-			err = dk.VerifySelfSignature()
-		}
+		keys, err := checkRemoteDeviceKeys(c.UserID, c.DeviceID, c.Keys)
 		if err != nil {
 			// The sender's copy is odd: ask for the whole list instead.
 			log.WithFields(logrus.Fields{"user_id": c.UserID, "device_id": c.DeviceID, "error": err.Error()}).
 				Warn("m.device_list_update with bad keys; resyncing the user")
 			return c.UserID, s.db.MarkRemoteStale(ctx, c.UserID, origin, s.nowMS())
 		}
-		upd.KeyJSON = dk.Canonical
+		upd.KeyJSON = keys
 	}
 	// A gap is resynced at once, within SendWait: other daemons wait for
 	// that fetch rather than sending their own.

@@ -248,7 +248,8 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, p parse
 		if ed25519Key, curveKey, err = storedIdentityKeys(storedKeys); err != nil {
 			return storage.UploadResult{}, err
 		}
-		if dk != nil && (dk.Ed25519() != ed25519Key || dk.Curve25519() != curveKey) {
+		// Lax validation takes new identity keys like any other change.
+		if dk != nil && !s.opts.LaxKeyValidation && (dk.Ed25519() != ed25519Key || dk.Curve25519() != curveKey) {
 			return storage.UploadResult{}, rejected(mxerr.InvalidParam("device %s already has different identity keys; a device's identity keys cannot change", c.DeviceID))
 		}
 	}

@@ -303,10 +303,15 @@ func (s *Service) heldResync(ctx context.Context, server, userID string, wait bo
 }
 
 // releaseResync gives up a hold after a failed fetch, so that the others
-// need not wait for it to end.
+// need not wait for it to end; the updater, which waits for the hold's
+// end to retry the user, looks again now.
 func (s *Service) releaseResync(ctx context.Context, userID string) {
 	if err := s.db.ReleaseResync(context.WithoutCancel(ctx), userID); err != nil {
 		s.logger(ctx).WithFields(logrus.Fields{"user_id": userID, "error": err.Error()}).Warn("could not release a resync hold; it ends by itself")
+		return
+	}
+	if s.updater != nil {
+		s.updater.Wake()
 	}
 }
 
@@ -343,7 +348,8 @@ func (s *Service) ResyncRemoteUser(ctx context.Context, server, userID string) (
 // checkUserDevices turns a /user/devices answer into a list to cache. The
 // whole answer is refused when it is for another user, holds another
 // user's device or names more than MaxRemoteDevices devices; single devices
-// whose keys are malformed or not signed by the device are left out.
+// whose keys checkRemoteDeviceKeys refuses are left out. The keys are kept
+// as the server sent them: their signatures are for clients to check.
 func (s *Service) checkUserDevices(ctx context.Context, server, userID string, resp fedclient.UserDevices) (*storage.RemoteDeviceList, error) {
 	if resp.UserID != userID {
 		return nil, fmt.Errorf("%s answered for %q when asked for %q", server, resp.UserID, userID)
@@ -354,19 +360,21 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 	list := &storage.RemoteDeviceList{UserID: userID, StreamID: resp.StreamID, FetchedTS: s.nowMS()}
 	seen := map[string]bool{}
 	for _, d := range resp.Devices {
-		dk, err := ParseDeviceKeys(d.Keys)
-		if err == nil && dk.UserID != userID {
-			// Another user's device in the list: the answer cannot be trusted.
-			return nil, fmt.Errorf("%s lists a device of %s among %s's", server, dk.UserID, userID)
-		}
-		if err == nil && dk.DeviceID != d.DeviceID {
-			err = fmt.Errorf("keys are for device %s", dk.DeviceID)
-		}
-		if err == nil {
-			err = dk.VerifySelfSignature()
-		}
-		if err == nil && seen[d.DeviceID] {
+		var keys []byte
+		var err error
+		switch t := bytes.TrimSpace(d.Keys); {
+		case d.DeviceID == "":
+			err = errors.New("no device_id")
+		case len(t) == 0 || string(t) == "null":
+			continue // a device without keys is of no use to clients
+		case seen[d.DeviceID]:
 			err = errors.New("listed twice")
+		default:
+			keys, err = checkRemoteDeviceKeys(userID, d.DeviceID, d.Keys)
+		}
+		if errors.Is(err, errKeysOfOtherUser) {
+			// Another user's device in the list: the answer cannot be trusted.
+			return nil, fmt.Errorf("%s lists a device of another user among %s's: %w", server, userID, err)
 		}
 		if err != nil {
 			s.logger(ctx).WithFields(logrus.Fields{"server": server, "user_id": userID, "device_id": d.DeviceID, "error": err.Error()}).
@@ -374,7 +382,7 @@ func (s *Service) checkUserDevices(ctx context.Context, server, userID string, r
 			continue
 		}
 		seen[d.DeviceID] = true
-		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: dk.Canonical})
+		list.Devices = append(list.Devices, storage.RemoteDevice{DeviceID: d.DeviceID, DisplayName: d.DisplayName, KeyJSON: keys})
 	}
 	sort.Slice(list.Devices, func(i, j int) bool { return list.Devices[i].DeviceID < list.Devices[j].DeviceID })
 	keys, err := checkRemoteCrossSigning(userID, nil, resp.MasterKey, resp.SelfSigningKey)
@@ -467,7 +475,8 @@ func (s *Service) claimRemote(ctx context.Context, remote map[string]map[string]
 // ed25519 key. Keys this server cannot check are passed on unchanged, for
 // the client to judge: other algorithms (a plain "curve25519" string, an
 // algorithm this server does not know), and keys of a device whose keys
-// are not known here (its list could not be fetched, or does not hold it).
+// are not known here (its list could not be fetched, or does not hold it,
+// or its ed25519 key is a placeholder rather than a key).
 func (s *Service) verifiedClaims(ctx context.Context, server string, req map[string]map[string]string,
 	got map[string]map[string]map[string]json.RawMessage) map[string]map[string]map[string]json.RawMessage {
 	var users []string // those with a key whose signature can be checked
@@ -493,7 +502,9 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 		identity := map[string]string{}
 		if l := lists[userID]; l != nil {
 			for _, d := range l.Devices {
-				if ed, _, err := storedIdentityKeys(d.KeyJSON); err == nil {
+				// A placeholder (a value that is not a key: other servers'
+				// keys are kept as sent) checks nothing: as unknown.
+				if ed, _, err := storedIdentityKeys(d.KeyJSON); err == nil && isKeyValue(ed) {
 					identity[d.DeviceID] = ed
 				}
 			}
@@ -529,4 +540,10 @@ func (s *Service) verifiedClaims(ctx context.Context, server string, req map[str
 		}
 	}
 	return out
+}
+
+// isKeyValue reports whether s is a 32-byte key in base64.
+func isKeyValue(s string) bool {
+	b, err := decodeBase64(s)
+	return err == nil && len(b) == 32
 }

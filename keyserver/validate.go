@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -98,19 +99,24 @@ func canonicalValue(raw json.RawMessage) ([]byte, error) {
 	return gomatrixserverlib.CanonicalJSON(raw)
 }
 
-// ParseDeviceKeys checks a DeviceKeys object: its shape (see
-// parseDeviceKeys) and ed25519 and curve25519 values that are 32-byte
-// base64. It does not check the signature.
+// ParseDeviceKeys checks a DeviceKeys object as strict validation does
+// (see parseDeviceKeys). It does not check the signature.
 func ParseDeviceKeys(raw json.RawMessage) (*DeviceKeys, error) { return parseDeviceKeys(raw, true) }
 
-// parseDeviceKeys checks the shape of a DeviceKeys object: every field
-// present with its type (user_id and device_id strings, algorithms a list
-// of non-empty strings, keys an object of strings, signatures an object of
-// objects of strings), key names "<algorithm>:<device_id>", and an
-// ed25519:<device_id> key among them. With wellFormedKeys, ed25519 and
-// curve25519 values must also be 32-byte base64; without, any string is
-// taken (keys.strict_validation: false, for placeholder keys).
-func parseDeviceKeys(raw json.RawMessage, wellFormedKeys bool) (*DeviceKeys, error) {
+// parseDeviceKeys checks a DeviceKeys object an uploader sent.
+//
+// Strict (keys.strict_validation: true, the default): every field present
+// with its type (user_id and device_id strings, algorithms a list of
+// non-empty strings, keys an object of strings, signatures an object of
+// objects of strings), key names "<algorithm>:<device_id>", an
+// ed25519:<device_id> key among them, and ed25519 and curve25519 values
+// that are 32-byte base64.
+//
+// Lax (false, for test tools' placeholder keys): user_id and device_id
+// present as strings; algorithms, keys and signatures may be missing, and
+// when present have the types above; key names are "<algorithm>:<key id>"
+// with any key ID; key values are any string.
+func parseDeviceKeys(raw json.RawMessage, strict bool) (*DeviceKeys, error) {
 	var f struct {
 		UserID     *string                      `json:"user_id"`
 		DeviceID   *string                      `json:"device_id"`
@@ -129,11 +135,11 @@ func parseDeviceKeys(raw json.RawMessage, wellFormedKeys bool) (*DeviceKeys, err
 		return nil, mxerr.BadJSON("device_keys.user_id is required")
 	case f.DeviceID == nil:
 		return nil, mxerr.BadJSON("device_keys.device_id is required")
-	case f.Algorithms == nil:
+	case strict && f.Algorithms == nil:
 		return nil, mxerr.BadJSON("device_keys.algorithms is required")
-	case f.Keys == nil:
+	case strict && f.Keys == nil:
 		return nil, mxerr.BadJSON("device_keys.keys is required")
-	case f.Signatures == nil:
+	case strict && f.Signatures == nil:
 		return nil, mxerr.BadJSON("device_keys.signatures is required")
 	}
 	d := &DeviceKeys{UserID: *f.UserID, DeviceID: *f.DeviceID, Algorithms: f.Algorithms, Keys: f.Keys}
@@ -144,16 +150,19 @@ func parseDeviceKeys(raw json.RawMessage, wellFormedKeys bool) (*DeviceKeys, err
 	}
 	for name, value := range f.Keys {
 		alg, id, ok := strings.Cut(name, ":")
-		if !ok || alg == "" || id != d.DeviceID {
+		switch {
+		case strict && (!ok || alg == "" || id != d.DeviceID):
 			return nil, mxerr.InvalidParam("device_keys.keys: key name %q must be <algorithm>:%s", name, d.DeviceID)
+		case !ok || alg == "" || id == "":
+			return nil, mxerr.InvalidParam("device_keys.keys: key name %q must be <algorithm>:<key id>", name)
 		}
-		if wellFormedKeys && (alg == "ed25519" || alg == "curve25519") {
+		if strict && (alg == "ed25519" || alg == "curve25519") {
 			if b, err := decodeBase64(value); err != nil || len(b) != 32 {
 				return nil, mxerr.InvalidParam("device_keys.keys: %s is not a 32-byte base64 key", name)
 			}
 		}
 	}
-	if d.Ed25519() == "" {
+	if strict && d.Ed25519() == "" {
 		return nil, mxerr.InvalidParam("device_keys.keys must contain ed25519:%s", d.DeviceID)
 	}
 	var err error
@@ -434,3 +443,64 @@ func orderedObject(field string, raw json.RawMessage) ([]member, error) {
 // isSignedAlgorithm reports whether keys of the algorithm carry a device
 // signature ("signed_curve25519").
 func isSignedAlgorithm(alg string) bool { return strings.HasPrefix(alg, "signed_") }
+
+// maxRemoteDeviceKeyBytes bounds the keys of one device another server
+// sends (a real device's keys, with a few cross-signing signatures, are
+// well under 2 KiB).
+const maxRemoteDeviceKeyBytes = 16 << 10
+
+// errKeysOfOtherUser says remote keys name another user than the one
+// they were sent for.
+var errKeysOfOtherUser = errors.New("keys of another user")
+
+// checkRemoteDeviceKeys checks the keys of a remote user's device, as its
+// server sent them (in an m.device_list_update or a /user/devices answer),
+// for what protects this server only: a JSON object within
+// maxRemoteDeviceKeyBytes, for the user and device the envelope names. A
+// missing (or null) user_id or device_id is filled in from the envelope;
+// another user or device, or one that is not a string, is refused. Nothing
+// else is checked, neither the key names and values nor the signatures:
+// clients check every key they use themselves, and a server that
+// refused what another server's clients uploaded would only hide those
+// devices from its users. It returns the keys as canonical JSON without
+// "unsigned", the form they are stored and served in.
+func checkRemoteDeviceKeys(userID, deviceID string, raw json.RawMessage) ([]byte, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) > maxRemoteDeviceKeyBytes {
+		return nil, fmt.Errorf("keys of %d bytes, more than the %d accepted", len(t), maxRemoteDeviceKeyBytes)
+	}
+	if len(t) == 0 || t[0] != '{' {
+		return nil, errors.New("keys are not a JSON object")
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(t, &obj); err != nil {
+		return nil, fmt.Errorf("keys are not a JSON object: %w", err)
+	}
+	for _, f := range []struct{ name, want string }{{"user_id", userID}, {"device_id", deviceID}} {
+		v, ok := obj[f.name]
+		if !ok || string(bytes.TrimSpace(v)) == "null" {
+			js, err := json.Marshal(f.want)
+			if err != nil {
+				return nil, err
+			}
+			obj[f.name] = js
+			continue
+		}
+		var got string
+		if err := json.Unmarshal(v, &got); err != nil {
+			return nil, fmt.Errorf("keys.%s is not a string", f.name)
+		}
+		if got != f.want && f.name == "user_id" {
+			return nil, fmt.Errorf("%w: keys of %q, not %q", errKeysOfOtherUser, got, f.want)
+		}
+		if got != f.want {
+			return nil, fmt.Errorf("keys are for device %q, not %q", got, f.want)
+		}
+	}
+	delete(obj, "unsigned")
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	return gomatrixserverlib.CanonicalJSON(b)
+}

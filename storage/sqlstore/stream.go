@@ -136,14 +136,16 @@ type memberMove struct {
 // federation brings thousands of member events at once, and on
 // PostgreSQL the write holds the stream's counter meanwhile. A move to
 // the membership a user has changes nothing; the others share one stream
-// position. Tracking starts for the remote users who now share a room
-// with a local user and had no cached list, among those who joined or
-// were invited and, when a local user joined or was invited, the room's
-// remote members; it stops for those who share no room with a local user
-// any more, among those who left and, when a local user left, the room's
-// remote members. With later, the changed rows get no stream position
-// (0): the caller gives them one after (PostgreSQL's room writes take
-// their positions last, placeLast), and gets their users.
+// position. Tracking starts (the user is marked stale, to be fetched)
+// for the remote users who now share a room with a local user and either
+// did not before the write (a list cached while they shared none, for a
+// query, was not kept up to date) or had no cached list, among those who
+// joined or were invited and, when a local user joined or was invited,
+// the room's remote members; it stops for those who share no room with a
+// local user any more, among those who left and, when a local user left,
+// the room's remote members. With later, the changed rows get no stream
+// position (0): the caller gives them one after (PostgreSQL's room writes
+// take their positions last, placeLast), and gets their users.
 func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, moves []memberMove, now int64, later bool) (_ []storage.StaleUser, changedUsers []string, _ error) {
 	// A user moved twice (a join and a leave in one write) ends as the
 	// last move says.
@@ -208,6 +210,18 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 	if len(changed) == 0 {
 		return nil, nil, nil
 	}
+	// Who among the users whose tracking may start shares a room with a
+	// local user already, read before the write: the others start being
+	// tracked by it, and a list of theirs cached meanwhile (by a query,
+	// while nobody here shared a room with them) was not kept up to date
+	// by their server, so it is fetched again.
+	var sharedBefore map[string]bool
+	if localSharing || len(remoteSharing) > 0 {
+		var err error
+		if sharedBefore, err = s.txSharingBefore(ctx, tx, roomID, localSharing, remoteSharing); err != nil {
+			return nil, nil, err
+		}
+	}
 	var pos storage.StreamPos
 	if !later {
 		var err error
@@ -238,15 +252,33 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 
 	// Whose tracking starts and stops, each set by one query (a chunk of
 	// listed users at a time).
-	var start, stop []string
+	var start, stop, sharing []string
 	if localSharing {
 		// Every remote member of the room now shares it with a local user.
 		if start, err = s.txUserList(ctx, tx, untrackedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
 			return nil, nil, err
 		}
+		if sharing, err = s.txUserList(ctx, tx, remoteMembersQuery, roomID, s.localPattern()); err != nil {
+			return nil, nil, err
+		}
 	} else if len(remoteSharing) > 0 {
 		if start, err = s.txListedUsers(ctx, tx, untrackedSharingMoversQuery, roomID, remoteSharing); err != nil {
 			return nil, nil, err
+		}
+		if sharing, err = s.txListedUsers(ctx, tx, sharingMoversQuery, roomID, remoteSharing); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(sharing) > 0 {
+		starting := make(map[string]bool, len(start))
+		for _, u := range start {
+			starting[u] = true
+		}
+		for _, u := range sharing {
+			if !sharedBefore[u] && !starting[u] {
+				starting[u] = true
+				start = append(start, u)
+			}
 		}
 	}
 	if localLeft {
@@ -281,6 +313,35 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 		}
 	}
 	return newlyStale, changedUsers, nil
+}
+
+// txSharingBefore returns, among the remote members of room roomID
+// (joined or invited; when localSharing) and the remote users listed in
+// movers, those who share a room with a local user. It runs before a
+// membership write, to tell apart the users whose tracking the write
+// starts.
+func (s *Store) txSharingBefore(ctx context.Context, tx *txn, roomID string, localSharing bool, movers []any) (map[string]bool, error) {
+	out := map[string]bool{}
+	if localSharing {
+		users, err := s.txUserList(ctx, tx, sharingRemoteMembersQuery, roomID, s.localPattern())
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range users {
+			out[u] = true
+		}
+	}
+	for chunk := range slices.Chunk(movers, maxUsersPerStatement) {
+		users, err := s.txUserList(ctx, tx, strings.Replace(sharingListedQuery, "LISTED", placeholders(2, len(chunk)), 1),
+			append([]any{s.localPattern()}, chunk...)...)
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range users {
+			out[u] = true
+		}
+	}
+	return out, nil
 }
 
 // txListedUsers runs a query of user IDs whose $1 is roomID and whose
@@ -325,6 +386,33 @@ const untrackedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
 	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
 	AND NOT EXISTS (SELECT 1 FROM remote_device_lists r WHERE r.user_id = m.user_id)
 	AND NOT EXISTS (SELECT 1 FROM stale_device_lists st WHERE st.user_id = m.user_id)`
+
+// remoteMembersQuery lists the remote users joined to or invited into
+// room $1.
+const remoteMembersQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2`
+
+// sharingRemoteMembersQuery lists the remote users joined to or invited
+// into room $1 who share a room with a local user.
+const sharingRemoteMembersQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
+	AND EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
+		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)`
+
+// sharingListedQuery lists the users LISTED who share a room with a
+// local user (matching $1).
+const sharingListedQuery = `SELECT DISTINCT theirs.user_id FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+	WHERE theirs.user_id IN (LISTED) AND theirs.membership IN ('join', 'invite')
+	AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $1`
+
+// sharingMoversQuery lists the remote users LISTED, joined to or invited
+// into room $1, who share a room with a local user.
+const sharingMoversQuery = `SELECT m.user_id FROM memberships m
+	WHERE m.room_id = $1 AND m.user_id NOT LIKE $2 AND m.user_id IN (LISTED) AND m.membership IN ('join', 'invite')
+	AND EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
+		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
+		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)`
 
 // unsharedRemoteMembersQuery lists the remote users joined to or invited
 // into room $1 who share no room with a local user.

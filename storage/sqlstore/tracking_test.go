@@ -150,3 +150,57 @@ func TestIngestedMembersCostNoStatementEach(t *testing.T) {
 		}
 	})
 }
+
+// A remote user's list cached while nobody here shared a room with them
+// (fetched for a query) was not kept up to date by their server: when a
+// room becomes shared, by their join or a local user's, they are marked
+// stale like a user with no list. A user already sharing another room
+// is not.
+func TestSharingStartsTrackingOfListCachedUntracked(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		s := open(t, db)
+		const l1, r1, r2, r3 = "@l1:x", "@r1:a.example", "@r2:a.example", "@r3:a.example"
+		for _, u := range []string{r1, r2, r3} {
+			if _, err := s.ReplaceRemoteDeviceList(ctx, storage.RemoteDeviceList{UserID: u, StreamID: 1, FetchedTS: 1,
+				Devices: []storage.RemoteDevice{{DeviceID: "D", KeyJSON: []byte(`{"device_id":"D"}`)}}}, "a.example"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stale := func(u string) bool {
+			t.Helper()
+			_, ok, err := s.StaleEntry(ctx, u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}
+		newly := func(res storage.MembershipResult, err error) []string {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, u := range res.NewlyStale {
+				out = append(out, u.UserID)
+			}
+			slices.Sort(out)
+			return out
+		}
+		// r1 joins a room with l1 in it.
+		newly(s.SetMembership(ctx, "!a:x", l1, storage.MembershipJoin, 1))
+		if got := newly(s.SetMembership(ctx, "!a:x", r1, storage.MembershipJoin, 1)); !slices.Equal(got, []string{r1}) || !stale(r1) {
+			t.Fatalf("r1's join: newly stale %v", got)
+		}
+		// l1 joins a room with r2 and r1 in it: r2 starts, r1 shared already.
+		newly(s.SetMembership(ctx, "!b:x", r2, storage.MembershipJoin, 1))
+		newly(s.SetMembership(ctx, "!b:x", r1, storage.MembershipJoin, 1))
+		if got := newly(s.SetMembership(ctx, "!b:x", l1, storage.MembershipJoin, 1)); !slices.Equal(got, []string{r2}) || !stale(r2) {
+			t.Fatalf("l1's join: newly stale %v", got)
+		}
+		// r3 shares nothing: not marked.
+		if stale(r3) {
+			t.Fatal("r3 marked stale")
+		}
+	})
+}
