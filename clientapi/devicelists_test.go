@@ -281,6 +281,9 @@ func TestAdminMembership(t *testing.T) {
 			{"not JSON", "!r:x", alice.UserID, testutil.AdminToken, "nope", 400, "M_NOT_JSON"},
 			{"join", "!r:x", alice.UserID, testutil.AdminToken, map[string]string{"membership": "join"}, 200, ""},
 			{"remote user with a slash", "!r:x", "@bo/b:remote.example", testutil.AdminToken, map[string]string{"membership": "join"}, 200, ""},
+			// A room ID of room version 12 has no ":server" part.
+			{"room version 12 ID", "!Dwa4sLIGSfWO6VBsn3E0Yrw2fW3jNoHzETjmWpBEEqI", alice.UserID, testutil.AdminToken, map[string]string{"membership": "join"}, 200, ""},
+			{"room ID with a control character", "!r\x01:x", alice.UserID, testutil.AdminToken, map[string]string{"membership": "join"}, 400, "M_INVALID_PARAM"},
 		} {
 			r := srv.Do(t, "PUT", path+escape(tc.room)+"/members/"+escape(tc.user), tc.token, tc.body)
 			if r.Status != tc.status || r.Errcode() != tc.errcode {

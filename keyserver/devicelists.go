@@ -2,9 +2,9 @@ package keyserver
 
 import (
 	"context"
-	"strings"
 	"time"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/roomserver"
@@ -256,7 +256,9 @@ func (s *Service) syncResponse(ctx context.Context, c Caller, from storage.Strea
 // room. Membership is fed by an administrator or a homeserver until rooms
 // are ours; the device-list logic only reads it.
 func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership string) error {
-	if !strings.HasPrefix(roomID, "!") || !strings.Contains(roomID, ":") || len(roomID) > 255 {
+	// One rule for room IDs everywhere: room version 12's have no
+	// ":server" part.
+	if !matrixid.ValidRoomID(roomID) {
 		return mxerr.InvalidParam("%q is not a valid room ID", roomID)
 	}
 	if _, ok := ParseUserID(userID); !ok {
