@@ -15,6 +15,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/tidwall/gjson"
 
+	"github.com/keyserver/keyserver/internal/canonicaljson"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -77,7 +78,7 @@ func Parse(field string, raw json.RawMessage, usage, userID string) (*Key, error
 	if b, err := base64.RawStdEncoding.DecodeString(pub); err != nil || len(b) != ed25519.PublicKeySize {
 		return nil, mxerr.InvalidParam("%s: %q is not an ed25519 public key in unpadded base64", field, pub)
 	}
-	canon, err := Canonical(raw)
+	canon, err := canonicaljson.WithoutUnsigned(raw)
 	if err != nil {
 		return nil, mxerr.InvalidParam("%s is not valid JSON", field)
 	}
@@ -100,20 +101,6 @@ func PublicKeyOf(js []byte) string {
 		return false
 	})
 	return pub
-}
-
-// Canonical returns the canonical JSON of an object without "unsigned".
-func Canonical(raw json.RawMessage) ([]byte, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, err
-	}
-	delete(obj, "unsigned")
-	js, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
-	return gomatrixserverlib.CanonicalJSON(js)
 }
 
 // Unsigned returns the canonical JSON of an object without "signatures"

@@ -12,6 +12,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/tidwall/gjson"
 
+	"github.com/keyserver/keyserver/internal/canonicaljson"
 	"github.com/keyserver/keyserver/internal/mxerr"
 )
 
@@ -45,7 +46,7 @@ func canonical(raw json.RawMessage) ([]byte, error) {
 	if plainObject(raw) {
 		return gomatrixserverlib.CanonicalJSON(raw)
 	}
-	return canonicalDecoded(raw)
+	return canonicaljson.WithoutUnsigned(raw)
 }
 
 // canonicalOfDecoded is canonical for raw that was just decoded whole, and
@@ -54,7 +55,7 @@ func canonicalOfDecoded(raw json.RawMessage) ([]byte, error) {
 	if plainObject(raw) {
 		return gomatrixserverlib.CanonicalJSONAssumeValid(raw), nil
 	}
-	return canonicalDecoded(raw)
+	return canonicaljson.WithoutUnsigned(raw)
 }
 
 // plainObject reports whether raw is an object whose top-level member names
@@ -76,19 +77,6 @@ func plainObject(raw []byte) bool {
 		return plain
 	})
 	return plain
-}
-
-func canonicalDecoded(raw json.RawMessage) ([]byte, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, err
-	}
-	delete(obj, "unsigned")
-	b, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
-	return gomatrixserverlib.CanonicalJSON(b)
 }
 
 // canonicalValue returns the canonical JSON of any JSON value.
@@ -290,7 +278,7 @@ func checkOneTimeKey(field, name string, raw json.RawMessage, userID, deviceID s
 		var c []byte
 		if plain {
 			c = gomatrixserverlib.CanonicalJSONAssumeValid(raw)
-		} else if c, err = canonicalDecoded(raw); err != nil {
+		} else if c, err = canonicaljson.WithoutUnsigned(raw); err != nil {
 			return nil, mxerr.BadJSON("%s.%s: %v", field, name, err)
 		}
 		if err := verifySignedBy(c, userID, deviceID, key); err != nil {
