@@ -81,6 +81,9 @@ func (s *Store) HoldOutboundOwner(ctx context.Context, owner string) (_ <-chan s
 		go func() { <-ctx.Done(); close(lost) }()
 		return lost, nil
 	}
+	if err := s.db.PingContext(ctx); err != nil {
+		return nil, err
+	}
 	// A pool of its own: the lock lives as long as this one connection.
 	db, err := sql.Open("postgres", s.uri)
 	if err != nil {
