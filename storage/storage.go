@@ -492,6 +492,12 @@ type Database interface {
 	// PauseDestination lets anyone take owner's lease while it waits to
 	// retry; if nobody does, owner takes it back kept.
 	PauseDestination(ctx context.Context, destination, owner string) error
+	// HandOverDestination gives up a lease with work left (the daemon
+	// stops): every daemon is told, to take it up.
+	HandOverDestination(ctx context.Context, destination, owner string) error
+	// OutboundOwners identifies the live holders of leases (nil on
+	// SQLite), so that a daemon sees when another is gone.
+	OutboundOwners(ctx context.Context) ([]int64, error)
 	// HoldOutboundOwner makes owner a live holder of leases until ctx ends
 	// (or until lost is closed, when its hold broke); leases of owners that
 	// are gone are void (on SQLite, which one daemon uses, every lease left
@@ -603,6 +609,8 @@ type OutboundEvent struct {
 const (
 	// OutboundReleased: a lease on the destination was given up.
 	OutboundReleased = "released"
+	// OutboundHandedOver: a lease was given up with work left for others.
+	OutboundHandedOver = "handover"
 	// OutboundAlive: the destination's failures were forgotten (it was
 	// reached or heard from, or an operator asked for a retry).
 	OutboundAlive = "alive"

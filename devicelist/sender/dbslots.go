@@ -56,6 +56,15 @@ func (s slotStore) PauseDestination(ctx context.Context, destination, owner stri
 	return s.slots.Do(ctx, func() error { return s.db.PauseDestination(ctx, destination, owner) })
 }
 
+func (s slotStore) HandOverDestination(ctx context.Context, destination, owner string) error {
+	return s.slots.Do(ctx, func() error { return s.db.HandOverDestination(ctx, destination, owner) })
+}
+
+func (s slotStore) OutboundOwners(ctx context.Context) (o []int64, err error) {
+	err = s.slots.Do(ctx, func() error { o, err = s.db.OutboundOwners(ctx); return err })
+	return o, err
+}
+
 // HoldOutboundOwner keeps a connection of its own: it takes no slot.
 func (s slotStore) HoldOutboundOwner(ctx context.Context, owner string) (<-chan struct{}, error) {
 	return s.db.HoldOutboundOwner(ctx, owner)

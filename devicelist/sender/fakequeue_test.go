@@ -164,6 +164,18 @@ func (f *fakeQueue) ReleaseDestination(ctx context.Context, dest, owner string) 
 	return nil
 }
 
+func (f *fakeQueue) HandOverDestination(ctx context.Context, dest, owner string) error {
+	f.enter("HandOverDestination")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.leases[dest]; ok && l.owner == owner {
+		delete(f.leases, dest)
+	}
+	return nil
+}
+
+func (f *fakeQueue) OutboundOwners(ctx context.Context) ([]int64, error) { return nil, nil }
+
 func (f *fakeQueue) PauseDestination(ctx context.Context, dest, owner string) error {
 	f.enter("PauseDestination")
 	f.mu.Lock()

@@ -92,6 +92,12 @@ type Store interface {
 	ReleaseDestination(ctx context.Context, destination, owner string) error
 	// PauseDestination lets any daemon take owner's lease while it waits.
 	PauseDestination(ctx context.Context, destination, owner string) error
+	// HandOverDestination gives up a lease with work left, telling every
+	// daemon.
+	HandOverDestination(ctx context.Context, destination, owner string) error
+	// OutboundOwners identifies the live holders of leases (nil where
+	// one daemon uses the database).
+	OutboundOwners(ctx context.Context) ([]int64, error)
 	// HoldOutboundOwner makes owner a live holder of leases until ctx
 	// ends or lost is closed; leases of owners that are gone are void.
 	HoldOutboundOwner(ctx context.Context, owner string) (lost <-chan struct{}, err error)
@@ -193,6 +199,8 @@ type Sender struct {
 	blocked    map[string]bool
 	// epoch counts the reads of the shared retry state (see maintain).
 	epoch int
+	// owners are the live holders of leases at the last look (maintain).
+	owners map[int64]bool
 }
 
 type destState int
@@ -430,6 +438,9 @@ func (s *Sender) outboundEvent(ev storage.OutboundEvent) {
 		delete(s.failing, ev.Destination)
 		s.mu.Unlock()
 		s.wake(ev.Destination, true)
+	case storage.OutboundHandedOver:
+		// A daemon stopped with work left for this destination.
+		s.wake(ev.Destination, false)
 	case storage.OutboundReleased:
 		s.mu.Lock()
 		wanted := s.blocked[ev.Destination]
@@ -446,6 +457,25 @@ func (s *Sender) outboundEvent(ev storage.OutboundEvent) {
 // here whose failures were forgotten (by another daemon, which reached it
 // or heard from it, or by an operator) is tried at once.
 func (s *Sender) maintain(ctx context.Context) {
+	// A daemon gone since the last look may have left work without a
+	// lease (queued, not yet taken up): every queue is read again.
+	owners, err := s.db.OutboundOwners(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the live daemons of the database")
+	} else {
+		live := make(map[int64]bool, len(owners))
+		gone := false
+		for _, o := range owners {
+			live[o] = true
+		}
+		for o := range s.owners {
+			gone = gone || !live[o]
+		}
+		s.owners = live
+		if gone {
+			s.WakeAll(ctx)
+		}
+	}
 	dead, err := s.db.ReclaimDeadLeases(ctx)
 	if err != nil {
 		s.dbError(ctx, s.o.Logger, err, "reclaiming the leases of daemons that are gone")
@@ -957,8 +987,8 @@ func (s *Sender) finish(ctx context.Context, d *destination, owner string, log l
 	}
 }
 
-// releaseAll gives up the leases at shutdown, so that the next start (or
-// another daemon) takes over at once rather than when they expire.
+// releaseAll gives up the leases at shutdown, telling the other daemons,
+// so that they (or the next start) take over at once.
 func (s *Sender) releaseAll() {
 	s.mu.Lock()
 	names := make([]string, 0, len(s.dests))
@@ -972,7 +1002,7 @@ func (s *Sender) releaseAll() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, name := range names {
-		if err := s.db.ReleaseDestination(ctx, name, owner); err != nil {
+		if err := s.db.HandOverDestination(ctx, name, owner); err != nil {
 			s.dbError(ctx, s.o.Logger.WithField("destination", name), err, "releasing a destination's lease")
 		}
 	}

@@ -208,6 +208,17 @@ func (s *Store) AcquireDestination(ctx context.Context, destination, owner strin
 // told (WatchOutbound), so that one waiting for it sends at once.
 func (s *Store) ReleaseDestination(ctx context.Context, destination, owner string) (err error) {
 	defer named("ReleaseDestination", &err)
+	return s.release(ctx, destination, owner, storage.OutboundReleased)
+}
+
+// HandOverDestination gives up a lease with work left: on PostgreSQL every
+// daemon is told, to take it up.
+func (s *Store) HandOverDestination(ctx context.Context, destination, owner string) (err error) {
+	defer named("HandOverDestination", &err)
+	return s.release(ctx, destination, owner, storage.OutboundHandedOver)
+}
+
+func (s *Store) release(ctx context.Context, destination, owner, kind string) error {
 	return s.write(ctx, func(tx *txn) error {
 		r, err := tx.ExecContext(ctx, `DELETE FROM outbound_leases WHERE destination = $1 AND owner = $2`, destination, owner)
 		if err != nil {
@@ -216,7 +227,7 @@ func (s *Store) ReleaseDestination(ctx context.Context, destination, owner strin
 		if n, err := r.RowsAffected(); err != nil || n == 0 {
 			return err
 		}
-		return s.notifyOutbound(ctx, tx, storage.OutboundReleased, destination)
+		return s.notifyOutbound(ctx, tx, kind, destination)
 	})
 }
 

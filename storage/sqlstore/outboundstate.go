@@ -167,6 +167,29 @@ func (s *Store) ReclaimDeadLeases(ctx context.Context) (_ []string, err error) {
 	return out, err
 }
 
+// OutboundOwners identifies the live holders of leases on PostgreSQL (by
+// their locks); nil on SQLite.
+func (s *Store) OutboundOwners(ctx context.Context) (_ []int64, err error) {
+	defer named("OutboundOwners", &err)
+	if s.d.name != "postgres" {
+		return nil, nil
+	}
+	rows, err := s.q.QueryContext(ctx, strings.Replace(liveOwnerLocks, "SELECT 1", "SELECT l.objid::bigint", 1)+` ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
 // PauseDestination lets anyone take owner's lease (it waits to retry)
 // while keeping its name on it: if nobody does, AcquireDestination gives
 // it back kept.

@@ -188,6 +188,28 @@ func TestDestinationRetryState(t *testing.T) {
 		if err := s.ReleaseDestination(ctx, "down.test", owner); err != nil {
 			t.Fatal(err)
 		}
+		if held, _, err := s.AcquireDestination(ctx, "down.test", owner, 1_000, 100_000); err != nil || !held {
+			t.Fatalf("lease: %v %v", held, err)
+		}
+		if err := s.HandOverDestination(ctx, "down.test", owner); err != nil {
+			t.Fatal(err)
+		}
+		if held, _, err := s.AcquireDestination(ctx, "down.test", "someone-else", 1_000, 100_000); err != nil || !held {
+			t.Fatalf("handed over, the lease stayed: %v %v", held, err)
+		}
+		owners, err := s.OutboundOwners(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hash int64
+		if db.Name == "postgres" {
+			if err := s.DB().QueryRow(`SELECT hashtext($1)::oid::bigint`, owner).Scan(&hash); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if (db.Name == "postgres") != slices.Contains(owners, hash) {
+			t.Fatalf("owners %v, %s's lock %d", owners, owner, hash)
+		}
 		if db.Name != "postgres" {
 			cancel()
 			<-watching
@@ -197,7 +219,7 @@ func TestDestinationRetryState(t *testing.T) {
 			return
 		}
 		for _, want := range []storage.OutboundEvent{{Kind: storage.OutboundAlive, Destination: "down.test"},
-			{Kind: storage.OutboundReleased, Destination: "down.test"}} {
+			{Kind: storage.OutboundReleased, Destination: "down.test"}, {Kind: storage.OutboundHandedOver, Destination: "down.test"}} {
 			select {
 			case got := <-events:
 				if got != want {
