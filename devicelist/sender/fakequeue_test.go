@@ -27,6 +27,7 @@ type fakeQueue struct {
 	retries map[string]storage.DestinationRetry
 	// events receives what WatchOutbound would hear.
 	events chan storage.OutboundEvent
+	holds  []fakeHold
 }
 
 type fakeLease struct {
@@ -188,7 +189,23 @@ func (f *fakeQueue) PauseDestination(ctx context.Context, dest, owner string) er
 
 func (f *fakeQueue) HoldOutboundOwner(ctx context.Context, owner string) (<-chan struct{}, error) {
 	f.enter("HoldOutboundOwner")
-	return make(chan struct{}), nil
+	lost := make(chan struct{})
+	f.mu.Lock()
+	f.holds = append(f.holds, fakeHold{owner, lost})
+	f.mu.Unlock()
+	return lost, nil
+}
+
+// fakeHold is a hold the test may break by closing lost.
+type fakeHold struct {
+	owner string
+	lost  chan struct{}
+}
+
+func (f *fakeQueue) holdsMade() []fakeHold {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeHold(nil), f.holds...)
 }
 
 func (f *fakeQueue) ReclaimDeadLeases(ctx context.Context) ([]string, error) {

@@ -363,7 +363,9 @@ func (s *Sender) Run(ctx context.Context) {
 			// leases are void and its sends stopped. It holds again under
 			// a new name and takes its destinations back.
 			s.o.Logger.Warn("lost the database session that holds the outbound leases; taking them again")
+			old, _, _ := s.holder()
 			if lost, ok = s.hold(ctx); ok {
+				s.dropLeasesOf(ctx, old)
 				nextSweep = s.o.Clock.Now()
 			}
 		case <-s.poke:
@@ -403,6 +405,23 @@ func (s *Sender) hold(ctx context.Context) (<-chan struct{}, bool) {
 		case <-ctx.Done():
 			return nil, false
 		case <-s.o.Clock.After(s.o.Maintain):
+		}
+	}
+}
+
+// dropLeasesOf gives up the leases this daemon held under its old name
+// (void already where the database knows it gone), so that it can take
+// them again under the new one.
+func (s *Sender) dropLeasesOf(ctx context.Context, old string) {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.dests))
+	for name := range s.dests {
+		names = append(names, name)
+	}
+	s.mu.Unlock()
+	for _, name := range names {
+		if err := s.db.ReleaseDestination(ctx, name, old); err != nil {
+			s.dbError(ctx, s.o.Logger.WithField("destination", name), err, "releasing a destination's lease")
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -583,5 +584,68 @@ func TestDaemonsNeverShareTransactionIDs(t *testing.T) {
 			t.Fatalf("two daemons both sent transaction %q", tr.ids[0])
 		}
 		seen[tr.ids[0]] = true
+	}
+}
+
+// hangingTransport holds every send until its context ends, then fails;
+// once open, it delivers.
+type hangingTransport struct {
+	mu        sync.Mutex
+	open      bool
+	hanging   int
+	owners    []string
+	delivered int
+}
+
+func (h *hangingTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
+	h.mu.Lock()
+	h.owners = append(h.owners, strings.Split(txnID, ".")[0])
+	if h.open {
+		h.delivered++
+		h.mu.Unlock()
+		return nil
+	}
+	h.hanging++
+	h.mu.Unlock()
+	<-ctx.Done()
+	h.mu.Lock()
+	h.hanging--
+	h.mu.Unlock()
+	return ctx.Err()
+}
+
+func (h *hangingTransport) state() (hanging, delivered int, owners []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.hanging, h.delivered, append([]string(nil), h.owners...)
+}
+
+// When the database no longer knows the daemon as alive (its hold broke),
+// its sends stop at once, for another daemon may take its leases; it holds
+// again under a new name and sends under that one.
+func TestLostHoldStopsTheSends(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	q := newFakeQueue()
+	q.add("remote.test", 1)
+	tr := &hangingTransport{}
+	clk := clock.NewFake()
+	s := New(q, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	workertest.WaitUntil(t, "a send in flight", func() bool { h, _, _ := tr.state(); return h == 1 })
+	holds := q.holdsMade()
+	if len(holds) != 1 {
+		t.Fatalf("%d holds", len(holds))
+	}
+	tr.mu.Lock()
+	tr.open = true
+	tr.mu.Unlock()
+	close(holds[0].lost)
+	workertest.WaitUntil(t, "delivery under a new hold", func() bool { _, d, _ := tr.state(); return d == 1 })
+	_, _, owners := tr.state()
+	holds = q.holdsMade()
+	if len(holds) != 2 || owners[0] != holds[0].owner || owners[len(owners)-1] != holds[1].owner || holds[0].owner == holds[1].owner {
+		t.Fatalf("sent as %v, holds %v", owners, holds)
 	}
 }
