@@ -764,6 +764,9 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		s.standDown(d)
 		return
 	}
+	s.mu.Lock()
+	delete(s.blocked, d.name)
+	s.mu.Unlock()
 	if !kept {
 		// Another daemon may have had it meanwhile, and sent the batch
 		// or changed the failures: both are read again.
