@@ -75,3 +75,22 @@ func (s *Service) MarkStale(ctx context.Context, userID string) error {
 func (s *Service) OutboundQueue(ctx context.Context) (map[string]int, error) {
 	return s.db.OutboundQueue(ctx)
 }
+
+// OutboundDestinations lists the destinations with work waiting or
+// failures: their queues, retry state and lease.
+func (s *Service) OutboundDestinations(ctx context.Context) ([]storage.OutboundDestination, error) {
+	return s.db.OutboundDestinations(ctx)
+}
+
+// RetryDestination forgets a destination's failures, so that the daemons
+// sending to it try it at once (on PostgreSQL they are told; a daemon on
+// SQLite reads it within a second). It reports whether there were any.
+func (s *Service) RetryDestination(ctx context.Context, destination string) (bool, error) {
+	if destination == "" || strings.ContainsAny(destination, " \t\r\n/@") {
+		return false, mxerr.InvalidParam("%q is not a server name", destination)
+	}
+	if s.isLocal(destination) {
+		return false, mxerr.InvalidParam("%s is this server", destination)
+	}
+	return s.db.ResetDestination(ctx, destination)
+}

@@ -485,9 +485,41 @@ type Database interface {
 	PendingUpdates(ctx context.Context, destination string, limit int) ([]OutboundUpdate, error)
 	MarkUpdatesSent(ctx context.Context, destination string, sent []OutboundUpdate) error
 	// AcquireDestination takes (or renews) the right to send to a
-	// destination until expires; false when another daemon holds it.
-	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error)
+	// destination until expires: held false when another daemon holds it,
+	// kept when the owner held it already and nobody took it meanwhile.
+	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (held, kept bool, err error)
 	ReleaseDestination(ctx context.Context, destination, owner string) error
+	// PauseDestination lets anyone take owner's lease while it waits to
+	// retry; if nobody does, owner takes it back kept.
+	PauseDestination(ctx context.Context, destination, owner string) error
+	// HandOverDestination gives up a lease with work left (the daemon
+	// stops): every daemon is told, to take it up.
+	HandOverDestination(ctx context.Context, destination, owner string) error
+	// OutboundOwners identifies the live holders of leases (nil on
+	// SQLite), so that a daemon sees when another is gone.
+	OutboundOwners(ctx context.Context) ([]int64, error)
+	// HoldOutboundOwner makes owner a live holder of leases until ctx ends
+	// (or until lost is closed, when its hold broke); leases of owners that
+	// are gone are void (on SQLite, which one daemon uses, every lease left
+	// is one's that is gone, and is dropped).
+	HoldOutboundOwner(ctx context.Context, owner string) (lost <-chan struct{}, err error)
+	// ReclaimDeadLeases drops the leases of owners that are gone and
+	// returns their destinations.
+	ReclaimDeadLeases(ctx context.Context) ([]string, error)
+	// The failing destinations' retry state, shared by the daemons.
+	DestinationRetries(ctx context.Context) ([]DestinationRetry, error)
+	DestinationRetryOf(ctx context.Context, destination string) (DestinationRetry, bool, error)
+	RecordDestinationFailure(ctx context.Context, r DestinationRetry) error
+	// ResetDestination forgets a destination's failures (it got a delivery
+	// or was heard from): true when it had some, and then every daemon is
+	// told (WatchOutbound).
+	ResetDestination(ctx context.Context, destination string) (bool, error)
+	// WatchOutbound calls fn with the other daemons' news about
+	// destinations (a lease released, failures forgotten) until ctx ends.
+	WatchOutbound(ctx context.Context, fn func(OutboundEvent)) error
+	// OutboundDestinations lists the destinations with pending work or
+	// failures, with their queues, retry state and lease.
+	OutboundDestinations(ctx context.Context) ([]OutboundDestination, error)
 
 	// Inbound /send transactions already answered.
 	InboundTransaction(ctx context.Context, origin, txnID string) ([]byte, bool, error)
@@ -542,6 +574,47 @@ type ToDeviceSend struct {
 	Remote []OutboundEDU
 	Now    int64
 }
+
+// DestinationRetry is a failing destination's retry state: the failed
+// attempts since a delivery last got through or it was last heard from,
+// when the first of them failed, and when the next is due (Unix ms).
+type DestinationRetry struct {
+	Destination  string
+	Attempts     int
+	FailingSince int64
+	RetryAt      int64
+}
+
+// OutboundDestination is a destination with work or failures: what waits
+// for it (device-list and signing-key updates, to-device EDUs, room
+// events), its retry state (zero when it is not failing) and who holds its
+// lease (LeaseExpires 0: the holder waits to retry and anyone may take it).
+type OutboundDestination struct {
+	Destination       string
+	Updates, ToDevice int
+	PDUs              int
+	Retry             DestinationRetry
+	LeaseOwner        string
+	LeaseExpires      int64
+}
+
+// OutboundEvent is news about a destination from a daemon sharing the
+// database (OutboundReleased or OutboundAlive).
+type OutboundEvent struct {
+	Kind        string
+	Destination string
+}
+
+// The kinds of OutboundEvent.
+const (
+	// OutboundReleased: a lease on the destination was given up.
+	OutboundReleased = "released"
+	// OutboundHandedOver: a lease was given up with work left for others.
+	OutboundHandedOver = "handover"
+	// OutboundAlive: the destination's failures were forgotten (it was
+	// reached or heard from, or an operator asked for a retry).
+	OutboundAlive = "alive"
+)
 
 // OutboundEDU is an EDU queued for another server; ID orders the queue.
 type OutboundEDU struct {

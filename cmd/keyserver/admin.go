@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"golang.org/x/term"
 
@@ -26,6 +27,11 @@ Commands (they work on the configured database, also while the daemon runs):
   devices USER_ID                  list a local user's devices
   mark-stale USER_ID               resync a remote user's device list
   queue                            show the device-list updates waiting per server
+  destinations                     list the servers with work waiting or failing
+                                   deliveries: what waits, failed attempts, when
+                                   the next try is due, which daemon sends
+  retry SERVER_NAME                forget a server's failed deliveries so that
+                                   what waits for it is sent now
 
 'keyserver admin COMMAND --help' lists the flags.`
 
@@ -41,7 +47,7 @@ func runAdmin(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		fmt.Fprintln(stdout, "Usage: "+adminUsage)
 		return nil
 	}
-	want := map[string]int{"create-user": 1, "devices": 1, "mark-stale": 1, "queue": 0}
+	want := map[string]int{"create-user": 1, "devices": 1, "mark-stale": 1, "queue": 0, "destinations": 0, "retry": 1}
 	n, ok := want[cmd]
 	if !ok {
 		fmt.Fprintln(stderr, "Usage: "+adminUsage)
@@ -113,6 +119,44 @@ func runAdmin(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			fmt.Fprintf(tw, "%s\t%d\n", d, q[d])
 		}
 		return tw.Flush()
+	case "destinations":
+		dests, err := ks.OutboundDestinations(ctx)
+		if err != nil {
+			return err
+		}
+		now := time.Now().UnixMilli()
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "DESTINATION\tUPDATES\tTO-DEVICE\tEVENTS\tFAILED ATTEMPTS\tFAILING SINCE\tNEXT TRY IN\tLEASE")
+		for _, d := range dests {
+			since, next := "-", "-"
+			if d.Retry.Attempts > 0 {
+				since = time.UnixMilli(d.Retry.FailingSince).UTC().Format(time.RFC3339)
+				next = "now"
+				if d.Retry.RetryAt > now {
+					next = (time.Duration(d.Retry.RetryAt-now) * time.Millisecond).Round(time.Second).String()
+				}
+			}
+			lease := "-"
+			switch {
+			case d.LeaseOwner != "" && d.LeaseExpires == 0:
+				lease = d.LeaseOwner + " (waiting to retry)"
+			case d.LeaseOwner != "":
+				lease = d.LeaseOwner
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", d.Destination, d.Updates, d.ToDevice, d.PDUs,
+				d.Retry.Attempts, since, next, lease)
+		}
+		return tw.Flush()
+	case "retry":
+		had, err := ks.RetryDestination(ctx, rest[0])
+		if err != nil {
+			return err
+		}
+		if had {
+			fmt.Fprintln(stdout, "forgot the failures of", rest[0]+"; what waits for it is sent now")
+		} else {
+			fmt.Fprintln(stdout, rest[0], "has no failed deliveries; nothing to retry")
+		}
 	}
 	return nil
 }

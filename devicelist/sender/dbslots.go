@@ -40,16 +40,68 @@ func (s slotStore) MarkUpdatesSent(ctx context.Context, destination string, sent
 	return s.slots.Do(ctx, func() error { return s.db.MarkUpdatesSent(ctx, destination, sent) })
 }
 
-func (s slotStore) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (ok bool, err error) {
+func (s slotStore) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (held, kept bool, err error) {
 	err = s.slots.Do(ctx, func() error {
-		ok, err = s.db.AcquireDestination(ctx, destination, owner, now, expires)
+		held, kept, err = s.db.AcquireDestination(ctx, destination, owner, now, expires)
 		return err
 	})
-	return ok, err
+	return held, kept, err
 }
 
 func (s slotStore) ReleaseDestination(ctx context.Context, destination, owner string) error {
 	return s.slots.Do(ctx, func() error { return s.db.ReleaseDestination(ctx, destination, owner) })
+}
+
+func (s slotStore) PauseDestination(ctx context.Context, destination, owner string) error {
+	return s.slots.Do(ctx, func() error { return s.db.PauseDestination(ctx, destination, owner) })
+}
+
+func (s slotStore) HandOverDestination(ctx context.Context, destination, owner string) error {
+	return s.slots.Do(ctx, func() error { return s.db.HandOverDestination(ctx, destination, owner) })
+}
+
+func (s slotStore) OutboundOwners(ctx context.Context) (o []int64, err error) {
+	err = s.slots.Do(ctx, func() error { o, err = s.db.OutboundOwners(ctx); return err })
+	return o, err
+}
+
+// HoldOutboundOwner keeps a connection of its own: it takes no slot.
+func (s slotStore) HoldOutboundOwner(ctx context.Context, owner string) (<-chan struct{}, error) {
+	return s.db.HoldOutboundOwner(ctx, owner)
+}
+
+func (s slotStore) ReclaimDeadLeases(ctx context.Context) (d []string, err error) {
+	err = s.slots.Do(ctx, func() error { d, err = s.db.ReclaimDeadLeases(ctx); return err })
+	return d, err
+}
+
+func (s slotStore) DestinationRetries(ctx context.Context) (r []storage.DestinationRetry, err error) {
+	err = s.slots.Do(ctx, func() error { r, err = s.db.DestinationRetries(ctx); return err })
+	return r, err
+}
+
+func (s slotStore) DestinationRetryOf(ctx context.Context, destination string) (r storage.DestinationRetry, ok bool, err error) {
+	err = s.slots.Do(ctx, func() error { r, ok, err = s.db.DestinationRetryOf(ctx, destination); return err })
+	return r, ok, err
+}
+
+func (s slotStore) RecordDestinationFailure(ctx context.Context, r storage.DestinationRetry) error {
+	return s.slots.Do(ctx, func() error { return s.db.RecordDestinationFailure(ctx, r) })
+}
+
+func (s slotStore) ResetDestination(ctx context.Context, destination string) (had bool, err error) {
+	err = s.slots.Do(ctx, func() error { had, err = s.db.ResetDestination(ctx, destination); return err })
+	return had, err
+}
+
+// WatchOutbound listens on a connection of its own: it takes no slot.
+func (s slotStore) WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error {
+	return s.db.WatchOutbound(ctx, fn)
+}
+
+func (s slotStore) OutboundDestinations(ctx context.Context) (d []storage.OutboundDestination, err error) {
+	err = s.slots.Do(ctx, func() error { d, err = s.db.OutboundDestinations(ctx); return err })
+	return d, err
 }
 
 // slotEDUs is an EDUQueue whose calls take a slot.

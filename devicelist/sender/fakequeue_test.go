@@ -24,6 +24,10 @@ type fakeQueue struct {
 	inside map[string]int
 	// failing makes calls of an operation fail.
 	failing map[string]bool
+	retries map[string]storage.DestinationRetry
+	// events receives what WatchOutbound would hear.
+	events chan storage.OutboundEvent
+	holds  []fakeHold
 }
 
 type fakeLease struct {
@@ -33,7 +37,8 @@ type fakeLease struct {
 
 func newFakeQueue() *fakeQueue {
 	return &fakeQueue{pending: map[string][]storage.OutboundUpdate{}, leases: map[string]fakeLease{},
-		calls: map[string]int{}, hold: map[string]chan struct{}{}, inside: map[string]int{}, failing: map[string]bool{}}
+		calls: map[string]int{}, hold: map[string]chan struct{}{}, inside: map[string]int{}, failing: map[string]bool{},
+		retries: map[string]storage.DestinationRetry{}, events: make(chan storage.OutboundEvent, 16)}
 }
 
 // add queues n updates of distinct devices for dest.
@@ -135,18 +140,19 @@ func (f *fakeQueue) MarkUpdatesSent(ctx context.Context, dest string, sent []sto
 	return nil
 }
 
-func (f *fakeQueue) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (bool, error) {
+func (f *fakeQueue) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (held, kept bool, err error) {
 	f.enter("AcquireDestination")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.failing["AcquireDestination"] {
-		return false, workertest.ErrDBDown
+		return false, false, workertest.ErrDBDown
 	}
-	if l, ok := f.leases[dest]; ok && l.owner != owner && l.expires >= now {
-		return false, nil
+	l, ok := f.leases[dest]
+	if ok && l.owner != owner && l.expires >= now {
+		return false, false, nil
 	}
 	f.leases[dest] = fakeLease{owner, expires}
-	return true, nil
+	return true, ok && l.owner == owner, nil
 }
 
 func (f *fakeQueue) ReleaseDestination(ctx context.Context, dest, owner string) error {
@@ -157,4 +163,114 @@ func (f *fakeQueue) ReleaseDestination(ctx context.Context, dest, owner string) 
 		delete(f.leases, dest)
 	}
 	return nil
+}
+
+func (f *fakeQueue) HandOverDestination(ctx context.Context, dest, owner string) error {
+	f.enter("HandOverDestination")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.leases[dest]; ok && l.owner == owner {
+		delete(f.leases, dest)
+	}
+	return nil
+}
+
+func (f *fakeQueue) OutboundOwners(ctx context.Context) ([]int64, error) { return nil, nil }
+
+func (f *fakeQueue) PauseDestination(ctx context.Context, dest, owner string) error {
+	f.enter("PauseDestination")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.leases[dest]; ok && l.owner == owner {
+		f.leases[dest] = fakeLease{owner, 0}
+	}
+	return nil
+}
+
+func (f *fakeQueue) HoldOutboundOwner(ctx context.Context, owner string) (<-chan struct{}, error) {
+	f.enter("HoldOutboundOwner")
+	lost := make(chan struct{})
+	f.mu.Lock()
+	f.holds = append(f.holds, fakeHold{owner, lost})
+	f.mu.Unlock()
+	return lost, nil
+}
+
+// fakeHold is a hold the test may break by closing lost.
+type fakeHold struct {
+	owner string
+	lost  chan struct{}
+}
+
+func (f *fakeQueue) holdsMade() []fakeHold {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeHold(nil), f.holds...)
+}
+
+func (f *fakeQueue) ReclaimDeadLeases(ctx context.Context) ([]string, error) {
+	f.enter("ReclaimDeadLeases")
+	return nil, nil
+}
+
+func (f *fakeQueue) DestinationRetries(ctx context.Context) ([]storage.DestinationRetry, error) {
+	f.enter("DestinationRetries")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []storage.DestinationRetry
+	for _, r := range f.retries {
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (f *fakeQueue) DestinationRetryOf(ctx context.Context, dest string) (storage.DestinationRetry, bool, error) {
+	f.enter("DestinationRetryOf")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.retries[dest]
+	return r, ok, nil
+}
+
+func (f *fakeQueue) RecordDestinationFailure(ctx context.Context, r storage.DestinationRetry) error {
+	f.enter("RecordDestinationFailure")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.retries[r.Destination] = r
+	return nil
+}
+
+func (f *fakeQueue) ResetDestination(ctx context.Context, dest string) (bool, error) {
+	f.enter("ResetDestination")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, had := f.retries[dest]
+	delete(f.retries, dest)
+	return had, nil
+}
+
+func (f *fakeQueue) WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev := <-f.events:
+			fn(ev)
+		}
+	}
+}
+
+func (f *fakeQueue) OutboundDestinations(ctx context.Context) ([]storage.OutboundDestination, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []storage.OutboundDestination
+	for d, q := range f.pending {
+		if len(q) > 0 || f.retries[d].Attempts > 0 {
+			l := f.leases[d]
+			out = append(out, storage.OutboundDestination{Destination: d, Updates: len(q), Retry: f.retries[d],
+				LeaseOwner: l.owner, LeaseExpires: l.expires})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Destination < out[j].Destination })
+	return out, nil
 }

@@ -152,7 +152,7 @@ func TestSenderDeliversPDUsWithEDUs(t *testing.T) {
 
 		clk := clock.NewFake()
 		tr := &pduTransport{fail: true}
-		s := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour,
+		s := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
 			Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		done := make(chan struct{})
 		go func() { defer close(done); s.Run(ctx) }()

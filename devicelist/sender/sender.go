@@ -45,16 +45,34 @@ import (
 //
 // A fixed pool of workers sends. Destinations with pending updates wait
 // their turn in a first-in first-out list; a worker takes one, takes its
-// lease (so that of several daemons sharing the database one sends), and
-// sends one batch of at most 50 PDUs and 100 EDUs, oldest first, in a
-// /send transaction. A destination with more to send goes to the back of the
-// list, so a busy destination never holds up the others. A batch keeps its
-// transaction ID until delivered, so a retry is processed once by the
-// receiver. A failed destination is set aside until its retry time (capped
-// exponential backoff with jitter) without holding a worker: it keeps its
-// batch and its lease, renewed while it waits, and comes back at once when
-// it shows it is up. Goroutines are the pool's; memory is a small record
-// per destination with pending updates (and the batch of a failed one).
+// lease (so that of several daemons sharing the database one sends; a
+// lease dies with the daemon holding it, see storage/sqlstore's
+// outboundstate.go), and sends one batch of at most 50 PDUs and 100 EDUs,
+// oldest first, in a /send transaction. A destination with more to send
+// goes to the back of the list, so a busy destination never holds up the
+// others. A batch keeps its transaction ID until delivered, so a retry is
+// processed once by the receiver.
+//
+// A failed destination is set aside until its retry time without holding a
+// worker. It keeps its batch, and pauses its lease: any daemon of the
+// database may take it meanwhile (the batch is then dropped and built
+// again from the queue). The wait grows from MinRetry, doubling per
+// failure, but a destination reached or heard from within RecentWindow
+// (1 h) waits at most RecentRetry (30 s): a peer that was up a moment ago
+// is most likely up again soon. Only one silent for longer waits longer,
+// as long again as it has been silent beyond the window (each wait about
+// doubles), up to MaxRetry (1 h). Any sign of life ends the wait and
+// zeroes the failures: an authenticated request from the destination
+// (DestinationAlive) or a delivery. The failures are kept in the database
+// (outbound_destinations), shared by the daemons: a reset made by one
+// reaches the others at once on PostgreSQL (WatchOutbound) and within
+// Maintain (1 s) anyway, as do the leases left by a daemon that is gone
+// (ReclaimDeadLeases) and an operator's retry. A daemon tries each
+// destination once before it heeds a retry time stored by another (or by
+// the process it replaced).
+//
+// Goroutines are the pool's; memory is a small record per destination
+// with pending updates (and the batch of a failed one).
 //
 // The sender's lock guards only that bookkeeping: no database call and no
 // request is made while holding it, so the request paths that tell the
@@ -68,9 +86,33 @@ type Store interface {
 	PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error)
 	MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error
 	// AcquireDestination takes (or renews) the right to send to a
-	// destination until expires; false when another daemon holds it.
-	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (bool, error)
+	// destination until expires: held false when another daemon holds it,
+	// kept when owner held it already and nobody took it meanwhile.
+	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (held, kept bool, err error)
 	ReleaseDestination(ctx context.Context, destination, owner string) error
+	// PauseDestination lets any daemon take owner's lease while it waits.
+	PauseDestination(ctx context.Context, destination, owner string) error
+	// HandOverDestination gives up a lease with work left, telling every
+	// daemon.
+	HandOverDestination(ctx context.Context, destination, owner string) error
+	// OutboundOwners identifies the live holders of leases (nil where
+	// one daemon uses the database).
+	OutboundOwners(ctx context.Context) ([]int64, error)
+	// HoldOutboundOwner makes owner a live holder of leases until ctx
+	// ends or lost is closed; leases of owners that are gone are void.
+	HoldOutboundOwner(ctx context.Context, owner string) (lost <-chan struct{}, err error)
+	// ReclaimDeadLeases drops the leases of owners that are gone and
+	// returns their destinations.
+	ReclaimDeadLeases(ctx context.Context) ([]string, error)
+	// The failing destinations' retry state, shared by the daemons.
+	DestinationRetries(ctx context.Context) ([]storage.DestinationRetry, error)
+	DestinationRetryOf(ctx context.Context, destination string) (storage.DestinationRetry, bool, error)
+	RecordDestinationFailure(ctx context.Context, r storage.DestinationRetry) error
+	ResetDestination(ctx context.Context, destination string) (bool, error)
+	// WatchOutbound calls fn with the daemons' news about destinations.
+	WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error
+	// OutboundDestinations lists the destinations with work or failures.
+	OutboundDestinations(ctx context.Context) ([]storage.OutboundDestination, error)
 }
 
 // Transport delivers transactions.
@@ -90,11 +132,17 @@ type Options struct {
 	DatabaseSlots int
 	// MinRetry and MaxRetry bound the backoff (defaults 5 s and 1 h).
 	MinRetry, MaxRetry time.Duration
+	// RecentRetry caps the wait of a destination reached or heard from
+	// within RecentWindow (defaults 30 s and 1 h).
+	RecentRetry, RecentWindow time.Duration
 	// Sweep is how often every destination's queue is looked at, to pick up
 	// updates queued by other daemons or left by one that stopped (1 min).
-	Sweep  time.Duration
-	Clock  clock.Clock
-	Logger logrus.FieldLogger
+	Sweep time.Duration
+	// Maintain is how often the leases of daemons that are gone are
+	// reclaimed and the shared retry state is read again (1 s).
+	Maintain time.Duration
+	Clock    clock.Clock
+	Logger   logrus.FieldLogger
 	// Jitter draws a random duration in [0, n); math/rand by default.
 	Jitter func(n int64) int64
 	// ToDevice is the queue of to-device EDUs sent along; nil: none.
@@ -108,7 +156,9 @@ const DefaultWorkers = 32
 
 const (
 	maxEDUsPerTransaction = 100
-	leaseTTL              = 2 * time.Minute
+	// leaseTTL bounds a lease whose owner lives but no longer renews it;
+	// one whose owner is gone is void at once (see Store).
+	leaseTTL = 2 * time.Minute
 	// dbErrorLogInterval is how often a database error of one kind is
 	// logged while it recurs.
 	dbErrorLogInterval = time.Minute
@@ -120,7 +170,6 @@ type Sender struct {
 	dbSlots *slots.Slots
 	tr      Transport
 	o       Options
-	owner   string // this daemon's name in leases and transaction IDs
 	txn     atomic.Int64
 	// dbErrs rate-limits the database errors' log lines.
 	dbErrs *lograte.Limiter
@@ -134,6 +183,24 @@ type Sender struct {
 	stopping bool
 	dests    map[string]*destination // destinations with work here
 	queue    []*destination          // ready to be sent to, oldest first
+	// owner is this daemon's name in leases and transaction IDs; held
+	// says the database knows it as alive (HoldOutboundOwner), and
+	// sendCtx ends when it no longer does, stopping the sends.
+	owner   string
+	held    bool
+	sendCtx context.Context
+	// failing holds the destinations known to have failures stored (here
+	// or by another daemon): a sign of life from one of them is written
+	// (resets, resetReady). blocked holds those whose lease another
+	// daemon held when a worker here wanted it: its release wakes them.
+	failing    map[string]bool
+	resets     map[string]bool
+	resetReady chan struct{}
+	blocked    map[string]bool
+	// epoch counts the reads of the shared retry state (see maintain).
+	epoch int
+	// owners are the live holders of leases at the last look (maintain).
+	owners map[int64]bool
 }
 
 type destState int
@@ -154,17 +221,23 @@ type destination struct {
 	// alive says it showed it is up while a worker had it: a failure then
 	// is retried at once.
 	alive bool
-	// retryAt is when a failed destination is tried again; renewAt when
-	// its lease must be renewed meanwhile.
-	retryAt, renewAt time.Time
-	// The batch being delivered, with its transaction and the attempts so
-	// far; nil when none is pending.
-	batch   []storage.OutboundUpdate
-	toDev   []storage.OutboundEDU
-	pdus    []storage.OutboundPDU
-	txn     fedclient.Transaction
-	txnID   string
-	attempt int
+	// retryAt is when a failed destination is tried again.
+	retryAt time.Time
+	// The batch being delivered, with its transaction; nil when none is
+	// pending.
+	batch []storage.OutboundUpdate
+	toDev []storage.OutboundEDU
+	pdus  []storage.OutboundPDU
+	txn   fedclient.Transaction
+	txnID string
+	// The failed attempts since the destination was last reached or heard
+	// from, and the first of them; known says they were read from the
+	// database since the lease was last taken from another daemon.
+	attempt      int
+	failingSince time.Time
+	known        bool
+	// epoch is the sender's epoch when it was last set aside.
+	epoch int
 }
 
 // New makes a Sender; Run starts it.
@@ -189,8 +262,17 @@ func New(db Store, tr Transport, o Options) *Sender {
 	if o.MaxRetry <= 0 {
 		o.MaxRetry = time.Hour
 	}
+	if o.RecentRetry <= 0 {
+		o.RecentRetry = 30 * time.Second
+	}
+	if o.RecentWindow <= 0 {
+		o.RecentWindow = time.Hour
+	}
 	if o.Sweep <= 0 {
 		o.Sweep = time.Minute
+	}
+	if o.Maintain <= 0 {
+		o.Maintain = time.Second
 	}
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
@@ -201,20 +283,30 @@ func New(db Store, tr Transport, o Options) *Sender {
 	if o.Jitter == nil {
 		o.Jitter = mrand.Int64N
 	}
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	s := &Sender{db: db, tr: tr, o: o, owner: hex.EncodeToString(b), dbSlots: sl,
+	s := &Sender{db: db, tr: tr, o: o, owner: newOwner(), held: true, sendCtx: context.Background(), dbSlots: sl,
 		poke: make(chan struct{}, 1), sched: make(chan struct{}, 1),
-		dests:  map[string]*destination{},
+		dests: map[string]*destination{}, failing: map[string]bool{}, resets: map[string]bool{},
+		resetReady: make(chan struct{}, 1), blocked: map[string]bool{},
 		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
 	s.ready = sync.NewCond(&s.mu)
 	s.txn.Store(o.Clock.Now().UnixMilli())
 	return s
 }
 
+// newOwner makes a daemon's name for its leases and transaction IDs.
+func newOwner() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 // Run sends until ctx ends, then waits for the workers to stop and gives
 // up its leases.
 func (s *Sender) Run(ctx context.Context) {
+	lost, ok := s.hold(ctx)
+	if !ok {
+		return
+	}
 	s.mu.Lock()
 	s.running = true
 	s.mu.Unlock()
@@ -232,14 +324,25 @@ func (s *Sender) Run(ctx context.Context) {
 			}
 		}()
 	}
+	wg.Add(2)
+	go func() { defer wg.Done(); s.watch(ctx) }()
+	go func() { defer wg.Done(); s.writeResets(ctx) }()
+	// Leases of a daemon that is gone (this one's predecessor, or another
+	// sharing the database) are void: their destinations are found below.
+	s.maintain(ctx)
 	nextSweep := s.o.Clock.Now()
+	nextMaintain := nextSweep.Add(s.o.Maintain)
 	for {
 		now := s.o.Clock.Now()
 		if !now.Before(nextSweep) {
 			s.WakeAll(ctx)
 			nextSweep = now.Add(s.o.Sweep)
 		}
-		wait := nextSweep.Sub(now)
+		if !now.Before(nextMaintain) {
+			s.maintain(ctx)
+			nextMaintain = now.Add(s.o.Maintain)
+		}
+		wait := min(nextSweep.Sub(now), nextMaintain.Sub(now))
 		if at, ok := s.resume(now); ok {
 			wait = min(wait, at.Sub(now))
 		}
@@ -252,12 +355,212 @@ func (s *Sender) Run(ctx context.Context) {
 			wg.Wait()
 			s.releaseAll()
 			return
+		case <-lost:
+			if ctx.Err() != nil {
+				continue // stopping
+			}
+			// The database no longer knows this daemon as alive: its
+			// leases are void and its sends stopped. It holds again under
+			// a new name and takes its destinations back.
+			s.o.Logger.Warn("lost the database session that holds the outbound leases; taking them again")
+			old, _, _ := s.holder()
+			if lost, ok = s.hold(ctx); ok {
+				s.dropLeasesOf(ctx, old)
+				nextSweep = s.o.Clock.Now()
+			}
 		case <-s.poke:
 			nextSweep = now // read the queue now
 		case <-s.sched:
 		case <-s.o.Clock.After(wait):
 		}
 	}
+}
+
+// hold makes the database know this daemon as a live sender under a new
+// name, trying every Maintain until it does or ctx ends. Meanwhile the
+// workers send nothing.
+func (s *Sender) hold(ctx context.Context) (<-chan struct{}, bool) {
+	s.mu.Lock()
+	s.held = false
+	s.mu.Unlock()
+	for {
+		owner := newOwner()
+		lost, err := s.db.HoldOutboundOwner(ctx, owner)
+		if err == nil {
+			sctx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-lost:
+				case <-ctx.Done():
+				}
+				cancel()
+			}()
+			s.mu.Lock()
+			s.owner, s.held, s.sendCtx = owner, true, sctx
+			s.mu.Unlock()
+			return lost, true
+		}
+		s.dbError(ctx, s.o.Logger, err, "holding the outbound leases")
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-s.o.Clock.After(s.o.Maintain):
+		}
+	}
+}
+
+// dropLeasesOf gives up the leases this daemon held under its old name
+// (void already where the database knows it gone), so that it can take
+// them again under the new one.
+func (s *Sender) dropLeasesOf(ctx context.Context, old string) {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.dests))
+	for name := range s.dests {
+		names = append(names, name)
+	}
+	s.mu.Unlock()
+	for _, name := range names {
+		if err := s.db.ReleaseDestination(ctx, name, old); err != nil {
+			s.dbError(ctx, s.o.Logger.WithField("destination", name), err, "releasing a destination's lease")
+		}
+	}
+}
+
+// holder is this daemon's name in leases and the context of its sends;
+// ok false while the database does not know it as alive.
+func (s *Sender) holder() (owner string, sendCtx context.Context, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.owner, s.sendCtx, s.held
+}
+
+// watch hears the other daemons' news about destinations until ctx ends.
+func (s *Sender) watch(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := s.db.WatchOutbound(ctx, s.outboundEvent)
+		if err != nil {
+			s.dbError(ctx, s.o.Logger, err, "listening for the outbound news of other daemons")
+		}
+		select {
+		case <-ctx.Done():
+		case <-s.o.Clock.After(s.o.Maintain):
+		}
+	}
+}
+
+// outboundEvent acts on news about a destination: a lease given up wakes
+// it if a worker here wanted it; failures forgotten end its wait.
+func (s *Sender) outboundEvent(ev storage.OutboundEvent) {
+	switch ev.Kind {
+	case storage.OutboundAlive:
+		s.mu.Lock()
+		delete(s.failing, ev.Destination)
+		s.mu.Unlock()
+		s.wake(ev.Destination, true)
+	case storage.OutboundHandedOver:
+		// A daemon stopped with work left for this destination.
+		s.wake(ev.Destination, false)
+	case storage.OutboundReleased:
+		s.mu.Lock()
+		wanted := s.blocked[ev.Destination]
+		delete(s.blocked, ev.Destination)
+		s.mu.Unlock()
+		if wanted {
+			s.wake(ev.Destination, false)
+		}
+	}
+}
+
+// maintain reclaims the leases of daemons that are gone, waking their
+// destinations, and reads the shared retry state: a destination waiting
+// here whose failures were forgotten (by another daemon, which reached it
+// or heard from it, or by an operator) is tried at once.
+func (s *Sender) maintain(ctx context.Context) {
+	// A daemon gone since the last look may have left work without a
+	// lease (queued, not yet taken up): every queue is read again.
+	owners, err := s.db.OutboundOwners(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the live daemons of the database")
+	} else {
+		live := make(map[int64]bool, len(owners))
+		gone := false
+		for _, o := range owners {
+			live[o] = true
+		}
+		for o := range s.owners {
+			gone = gone || !live[o]
+		}
+		s.owners = live
+		if gone {
+			s.WakeAll(ctx)
+		}
+	}
+	dead, err := s.db.ReclaimDeadLeases(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reclaiming the leases of daemons that are gone")
+	}
+	for _, d := range dead {
+		s.mu.Lock()
+		delete(s.blocked, d)
+		s.mu.Unlock()
+		s.wake(d, false)
+	}
+	s.mu.Lock()
+	s.epoch++
+	epoch := s.epoch
+	s.mu.Unlock()
+	retries, err := s.db.DestinationRetries(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the destinations' retry state")
+		return
+	}
+	failing := make(map[string]bool, len(retries))
+	for _, r := range retries {
+		failing[r.Destination] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failing = failing
+	for _, d := range s.dests {
+		// Set aside before this read began: its failures were stored by then.
+		if d.state == waiting && d.attempt > 0 && d.epoch < epoch && !failing[d.name] {
+			s.revive(d)
+		}
+	}
+}
+
+// writeResets stores the signs of life of failing destinations (see
+// DestinationAlive) until ctx ends.
+func (s *Sender) writeResets(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.resetReady:
+		}
+		s.mu.Lock()
+		names := make([]string, 0, len(s.resets))
+		for name := range s.resets {
+			names = append(names, name)
+		}
+		s.resets = map[string]bool{}
+		s.mu.Unlock()
+		for _, name := range names {
+			s.resetStored(ctx, name)
+		}
+	}
+}
+
+// resetStored forgets a destination's stored failures, telling the other
+// daemons.
+func (s *Sender) resetStored(ctx context.Context, dest string) {
+	if _, err := s.db.ResetDestination(ctx, dest); err != nil {
+		s.dbError(ctx, s.o.Logger.WithField("destination", dest), err, "forgetting a destination's failures")
+		return
+	}
+	s.mu.Lock()
+	delete(s.failing, dest)
+	s.mu.Unlock()
 }
 
 // Poke says updates were queued: the queue is read again soon. Pokes that
@@ -289,9 +592,23 @@ func (s *Sender) WakeAll(ctx context.Context) {
 	}
 }
 
-// DestinationAlive ends a backoff towards dest: it just showed it is up.
-// It only updates the sender's bookkeeping, so a request path may call it.
-func (s *Sender) DestinationAlive(dest string) { s.wake(dest, true) }
+// DestinationAlive ends a backoff towards dest and zeroes its failures: it
+// just showed it is up. It only updates the sender's bookkeeping, so a
+// request path may call it; the failures stored in the database (by this
+// daemon or another) are forgotten in the background, which tells the
+// other daemons.
+func (s *Sender) DestinationAlive(dest string) {
+	s.wake(dest, true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failing[dest] && s.running && !s.stopping && !s.resets[dest] {
+		s.resets[dest] = true
+		select {
+		case s.resetReady <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // Workers is the size of the pool.
 func (s *Sender) Workers() int { return s.o.Workers }
@@ -328,10 +645,16 @@ func (s *Sender) wake(dest string, alive bool) {
 	case alive:
 		// Its backoff ends. New updates alone do not end one: the
 		// destination is no more reachable for them.
-		d.retryAt = time.Time{}
-		if d.state == waiting {
-			s.enqueue(d)
-		}
+		s.revive(d)
+	}
+}
+
+// revive zeroes the failures of d, which is not with a worker, and queues
+// it if it waits. s.mu is held.
+func (s *Sender) revive(d *destination) {
+	d.attempt, d.failingSince, d.retryAt = 0, time.Time{}, time.Time{}
+	if d.state == waiting {
+		s.enqueue(d)
 	}
 }
 
@@ -368,10 +691,7 @@ func (s *Sender) resume(now time.Time) (next time.Time, ok bool) {
 		if d.state != waiting {
 			continue
 		}
-		at := d.renewAt
-		if d.retryAt.Before(at) {
-			at = d.retryAt
-		}
+		at := d.retryAt
 		if !at.After(now) {
 			s.enqueue(d)
 		} else if !ok || at.Before(next) {
@@ -393,7 +713,7 @@ func (s *Sender) setAside(d *destination, retryAt time.Time) {
 	}
 	d.state = waiting
 	d.retryAt = retryAt
-	d.renewAt = s.o.Clock.Now().Add(leaseTTL / 2)
+	d.epoch = s.epoch
 	select {
 	case s.sched <- struct{}{}:
 	default:
@@ -421,25 +741,41 @@ func (s *Sender) forget(d *destination, unlessAgain bool) {
 	}
 }
 
-// process does one step for d: renew the lease, then send one batch, or
+// process does one step for d: take its lease, then send one batch, or
 // decide to wait, to come back, or that nothing is left.
 func (s *Sender) process(ctx context.Context, d *destination) {
 	log := s.o.Logger.WithField("destination", d.name)
-	ok, err := s.renew(ctx, d.name)
+	owner, sendCtx, ok := s.holder()
+	if !ok {
+		// Not known as alive: no lease would be safe to use.
+		s.setAside(d, later(d.retryAt, s.o.Clock.Now().Add(s.o.Maintain)))
+		return
+	}
+	held, kept, err := s.renew(ctx, d.name, owner)
 	if err != nil {
 		s.dbError(ctx, log, err, "renewing a destination's lease")
 		// Database trouble does not shorten a failed destination's backoff.
 		s.setAside(d, later(d.retryAt, s.o.Clock.Now().Add(s.o.MinRetry)))
 		return
 	}
-	if !ok {
-		// Another daemon sends to d; its sender carries on, and a sweep
-		// here finds the queue again if it stops.
-		s.forget(d, false)
+	if !held {
+		// Another daemon sends to d; its sender carries on. When it gives
+		// the lease back (or is gone) this daemon hears of it.
+		s.standDown(d)
 		return
 	}
+	s.mu.Lock()
+	delete(s.blocked, d.name)
+	s.mu.Unlock()
+	if !kept {
+		// Another daemon may have had it meanwhile, and sent the batch
+		// or changed the failures: both are read again.
+		d.batch, d.toDev, d.pdus, d.txn, d.txnID = nil, nil, nil, fedclient.Transaction{}, ""
+		d.known = false
+	}
 	if now := s.o.Clock.Now(); now.Before(d.retryAt) {
-		s.setAside(d, d.retryAt) // the lease was due for renewal
+		s.pause(ctx, d, owner, log)
+		s.setAside(d, d.retryAt)
 		return
 	}
 	if d.txnID == "" {
@@ -462,11 +798,11 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			return
 		}
 		if len(batch)+len(toDev)+len(pdus) == 0 {
-			s.finish(ctx, d, log)
+			s.finish(ctx, d, owner, log)
 			return
 		}
-		d.batch, d.toDev, d.pdus, d.attempt = batch, toDev, pdus, 0
-		d.txnID = s.nextTxnID()
+		d.batch, d.toDev, d.pdus = batch, toDev, pdus
+		d.txnID = s.nextTxnID(owner)
 		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli(), PDUs: pduJSON(pdus)}
 		for _, u := range batch {
 			d.txn.EDUs = append(d.txn.EDUs, s.edu(log, u))
@@ -475,7 +811,10 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: directToDevice, Content: e.Content})
 		}
 	}
-	err = s.tr.SendTransaction(ctx, d.name, d.txnID, d.txn)
+	// The sender keeps its own retry times, so the federation client's
+	// backoff (which makes the requests of clients fail fast) does not
+	// hold it back.
+	err = s.tr.SendTransaction(fedclient.WithLive(sendCtx, d.name), d.name, d.txnID, d.txn)
 	if err == nil {
 		var err error
 		if len(d.batch) > 0 {
@@ -497,33 +836,126 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if d.attempt >= 3 {
 			log.WithField("attempts", d.attempt+1).Info("transaction delivered after retries")
 		}
+		if d.attempt > 0 || s.isFailing(d.name) {
+			s.resetStored(ctx, d.name) // it was reached: its failures go
+		}
 		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction || len(d.pdus) == maxPDUsPerTransaction
-		d.batch, d.toDev, d.pdus, d.txn, d.txnID, d.attempt = nil, nil, nil, fedclient.Transaction{}, "", 0
+		d.batch, d.toDev, d.pdus, d.txn, d.txnID = nil, nil, nil, fedclient.Transaction{}, ""
+		d.attempt, d.failingSince = 0, time.Time{}
 		if full {
 			s.requeue(d)
 		} else {
-			s.finish(ctx, d, log)
+			s.finish(ctx, d, owner, log)
 		}
 		return
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || sendCtx.Err() != nil {
+		// Stopping, or the leases are void: not an attempt.
 		s.setAside(d, s.o.Clock.Now())
 		return
 	}
-	d.attempt++
-	wait := backoff.Delay(d.attempt, s.o.MinRetry, s.o.MaxRetry, s.o.Jitter)
+	if s.revivedDuringSend(d) {
+		// It showed it is up while the send failed: tried again at once,
+		// its failures zeroed (and forgotten in the database by the sign
+		// of life).
+		return
+	}
+	now := s.o.Clock.Now()
+	if !d.known {
+		r, ok, err := s.db.DestinationRetryOf(ctx, d.name)
+		if err != nil {
+			s.dbError(ctx, log, err, "reading a destination's retry state")
+		}
+		if ok {
+			d.attempt, d.failingSince = r.Attempts, time.UnixMilli(r.FailingSince)
+		}
+		d.known = err == nil
+	}
 	var be *fedclient.BackoffError
+	var wait time.Duration
 	if errors.As(err, &be) {
+		// The client refused without trying: not an attempt.
 		metrics.OutboundSkipped.Inc()
-		d.attempt-- // the client refused without trying: not an attempt
-		wait = max(be.Until.Sub(s.o.Clock.Now()), time.Millisecond)
+		wait = max(be.Until.Sub(now), time.Millisecond)
 	} else {
 		metrics.OutboundFailures.Inc()
+		d.attempt++
+		if d.failingSince.IsZero() {
+			d.failingSince = now
+		}
+		wait = s.retryDelay(d.attempt, now.Sub(d.failingSince))
 	}
 	if d.attempt == 5 {
 		log.WithError(err).Warn("transaction cannot be delivered; retrying with backoff")
 	}
-	s.setAside(d, s.o.Clock.Now().Add(wait))
+	retryAt := now.Add(wait)
+	if !d.failingSince.IsZero() {
+		if err := s.db.RecordDestinationFailure(ctx, storage.DestinationRetry{Destination: d.name, Attempts: d.attempt,
+			FailingSince: d.failingSince.UnixMilli(), RetryAt: retryAt.UnixMilli()}); err != nil {
+			s.dbError(ctx, log, err, "storing a destination's retry state")
+		}
+		s.mu.Lock()
+		s.failing[d.name] = true
+		s.mu.Unlock()
+	}
+	s.pause(ctx, d, owner, log)
+	s.setAside(d, retryAt)
+}
+
+// retryDelay is the wait after a destination's attempt-th failure in a
+// row, silent for that long: doubling from MinRetry, but at most about
+// RecentRetry while silent for less than RecentWindow; beyond, as long
+// again as it has been silent beyond the window (about doubling each
+// time), at most MaxRetry. A capped wait is shortened by up to a quarter
+// of jitter, an uncapped one lengthened, so that retries of many peers
+// that failed together spread out.
+func (s *Sender) retryDelay(attempt int, silent time.Duration) time.Duration {
+	spread := func(wait time.Duration) time.Duration {
+		return wait - time.Duration(s.o.Jitter(int64(wait)/4+1))
+	}
+	if silent < s.o.RecentWindow {
+		if wait := backoff.Delay(attempt, s.o.MinRetry, s.o.RecentRetry, s.o.Jitter); wait < s.o.RecentRetry {
+			return wait
+		}
+		return spread(s.o.RecentRetry)
+	}
+	return spread(min(max(silent-s.o.RecentWindow, s.o.RecentRetry), s.o.MaxRetry))
+}
+
+// standDown forgets d, whose lease another daemon holds, remembering that
+// a worker here wanted it.
+func (s *Sender) standDown(d *destination) {
+	s.mu.Lock()
+	s.blocked[d.name] = true
+	s.mu.Unlock()
+	s.forget(d, false)
+}
+
+// pause lets the other daemons take d's lease while it waits.
+func (s *Sender) pause(ctx context.Context, d *destination, owner string, log logrus.FieldLogger) {
+	if err := s.db.PauseDestination(ctx, d.name, owner); err != nil {
+		s.dbError(ctx, log, err, "pausing a destination's lease")
+	}
+}
+
+// revivedDuringSend queues d again at once, its failures zeroed, when it
+// showed it is up while a worker had it.
+func (s *Sender) revivedDuringSend(d *destination) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !d.alive || s.stopping {
+		return false
+	}
+	d.attempt, d.failingSince, d.retryAt = 0, time.Time{}, time.Time{}
+	s.enqueue(d)
+	return true
+}
+
+// isFailing reports whether dest is known to have failures stored.
+func (s *Sender) isFailing(dest string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failing[dest]
 }
 
 // nextTxnID names a new transaction. A server that receives it takes a
@@ -532,8 +964,8 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 // server, and their counters (each starting from the time it started)
 // meet once one has sent as many transactions as milliseconds passed
 // between their starts: the daemon's name in front keeps their IDs apart.
-func (s *Sender) nextTxnID() string {
-	return s.owner + "." + strconv.FormatInt(s.txn.Add(1), 10)
+func (s *Sender) nextTxnID(owner string) string {
+	return owner + "." + strconv.FormatInt(s.txn.Add(1), 10)
 }
 
 func later(a, b time.Time) time.Time {
@@ -546,8 +978,8 @@ func later(a, b time.Time) time.Time {
 // finish lets go of d's lease once its queue is empty, then looks once
 // more, so that updates queued by another daemon while it was held are not
 // left behind.
-func (s *Sender) finish(ctx context.Context, d *destination, log logrus.FieldLogger) {
-	if err := s.db.ReleaseDestination(ctx, d.name, s.owner); err != nil {
+func (s *Sender) finish(ctx context.Context, d *destination, owner string, log logrus.FieldLogger) {
+	if err := s.db.ReleaseDestination(ctx, d.name, owner); err != nil {
 		// It expires by itself; until then no other daemon sends.
 		s.dbError(ctx, log, err, "releasing a destination's lease")
 	}
@@ -577,8 +1009,8 @@ func (s *Sender) finish(ctx context.Context, d *destination, log logrus.FieldLog
 	}
 }
 
-// releaseAll gives up the leases at shutdown, so that the next start (or
-// another daemon) takes over at once rather than when they expire.
+// releaseAll gives up the leases at shutdown, telling the other daemons,
+// so that they (or the next start) take over at once.
 func (s *Sender) releaseAll() {
 	s.mu.Lock()
 	names := make([]string, 0, len(s.dests))
@@ -587,11 +1019,12 @@ func (s *Sender) releaseAll() {
 	}
 	s.dests = map[string]*destination{}
 	s.queue = nil
+	owner := s.owner
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, name := range names {
-		if err := s.db.ReleaseDestination(ctx, name, s.owner); err != nil {
+		if err := s.db.HandOverDestination(ctx, name, owner); err != nil {
 			s.dbError(ctx, s.o.Logger.WithField("destination", name), err, "releasing a destination's lease")
 		}
 	}
@@ -607,9 +1040,9 @@ func (s *Sender) dbError(ctx context.Context, log logrus.FieldLogger, err error,
 	s.dbErrs.Warn(log, err, msg)
 }
 
-func (s *Sender) renew(ctx context.Context, dest string) (bool, error) {
+func (s *Sender) renew(ctx context.Context, dest, owner string) (held, kept bool, err error) {
 	now := s.o.Clock.Now()
-	return s.db.AcquireDestination(ctx, dest, s.owner, now.UnixMilli(), now.Add(leaseTTL).UnixMilli())
+	return s.db.AcquireDestination(ctx, dest, owner, now.UnixMilli(), now.Add(leaseTTL).UnixMilli())
 }
 
 // edu is the EDU of a queued update: an m.signing_key_update or an

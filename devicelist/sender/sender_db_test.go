@@ -17,6 +17,7 @@ import (
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/internal/workertest"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/storage/postgres"
 )
 
 // recordingTransport captures transactions and fails while told to.
@@ -93,7 +94,7 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 
 	clk := clock.NewFake()
 	tr := &recordingTransport{fail: true}
-	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour,
+	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
 		Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	go sender.Run(ctx)
 	start := clk.Now()
@@ -132,12 +133,12 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 	workertest.WaitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
 }
 
-// Of two daemons on one database, the one holding a destination's lease
-// sends; the other's worker stands down instead of spinning.
-func TestSenderLeaseHeldElsewhere(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	db := workertest.OpenStore(t, "local.test")
+// leaseSetup makes a store on tdb with @alice:local.test sharing a room
+// with @bob:remote.test, so that a login of hers queues an update for
+// remote.test.
+func leaseSetup(t *testing.T, tdb testdb.Database) (*leaseCounter, func(device string)) {
+	ctx := context.Background()
+	db := workertest.Open(t, tdb)
 	alice := "@alice:local.test"
 	if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
 		t.Fatal(err)
@@ -147,41 +148,184 @@ func TestSenderLeaseHeldElsewhere(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := db.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: "D1", TokenHash: "t"}); err != nil {
-		t.Fatal(err)
+	return &leaseCounter{Database: db}, func(device string) {
+		t.Helper()
+		if _, err := db.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: device, TokenHash: device}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	clk := clock.NewFake()
-	now := clk.Now().UnixMilli()
-	if ok, err := db.AcquireDestination(ctx, "remote.test", "other-daemon", now, now+60_000); err != nil || !ok {
-		t.Fatalf("lease: %v %v", ok, err)
-	}
-	tr := &recordingTransport{}
-	counted := &leaseCounter{Database: db}
-	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
-	go sender.Run(ctx)
-	workertest.WaitUntil(t, "the worker to try and stand down", func() bool {
-		return counted.calls.Load() >= 1 && sender.Busy() == 0 && clk.WaitsUntil(clk.Now().Add(time.Hour))
-	})
-	if n := counted.calls.Load(); n != 1 {
-		t.Fatalf("%d lease attempts: the worker kept trying", n)
-	}
-	if a, _ := tr.counts(); a != 0 {
-		t.Fatal("sent without the lease")
-	}
-	// Once the other daemon's lease has expired, the next sweep sends.
-	clk.Advance(2 * time.Hour)
-	workertest.WaitUntil(t, "delivery after the lease expired", func() bool { _, d := tr.counts(); return d == 1 })
 }
 
-// leaseCounter counts lease attempts.
+// otherDaemon is a second daemon on the database of tdb, holding its
+// leases under a name of its own (returned) until the returned function
+// ends it as a kill would: its session ends without giving anything back.
+// The function returns once the database has let go of it.
+func otherDaemon(t *testing.T, tdb testdb.Database) (storage.Database, string, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	other := workertest.Open(t, tdb)
+	owner := "other-" + newOwner()
+	lost, err := other.HoldOutboundOwner(ctx, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return other, owner, func() {
+		cancel()
+		<-lost
+		if tdb.Name != "postgres" {
+			return
+		}
+		workertest.WaitUntil(t, "the database to end the killed daemon's session", func() bool {
+			var n int
+			err := other.DB().QueryRow(`SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+				AND classid = $1 AND objid = hashtext($2)::oid`, postgres.OutboundOwnerLock, owner).Scan(&n)
+			return err == nil && n == 0
+		})
+	}
+}
+
+// Of two daemons on one database, the one holding a destination's lease
+// sends; the other's worker stands down instead of spinning, and sends
+// once the lease has expired.
+func TestSenderLeaseHeldElsewhere(t *testing.T) {
+	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		counted, login := leaseSetup(t, tdb)
+		clk := clock.NewFake()
+		tr := &recordingTransport{}
+		sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
+		done := make(chan struct{})
+		go func() { defer close(done); sender.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		// Once this one runs (on SQLite it dropped every lease it found
+		// at start), the other daemon takes the lease, then a change is
+		// queued.
+		workertest.WaitUntil(t, "the sender to start", func() bool { return counted.holds.Load() == 1 && clk.Waiting() > 0 })
+		other, owner, _ := otherDaemon(t, tdb)
+		now := clk.Now().UnixMilli()
+		if held, _, err := other.AcquireDestination(ctx, "remote.test", owner, now, now+60_000); err != nil || !held {
+			t.Fatalf("lease: %v %v", held, err)
+		}
+		login("D1")
+		sender.Poke()
+		workertest.WaitUntil(t, "the worker to try and stand down", func() bool {
+			return counted.calls.Load() >= 1 && sender.Busy() == 0
+		})
+		// Its maintenance, every second, does not take a live daemon's lease.
+		for range 3 {
+			clk.Advance(time.Second)
+			workertest.WaitUntil(t, "maintenance", func() bool { return clk.WaitsUntil(clk.Now().Add(time.Second)) })
+		}
+		if n := counted.calls.Load(); n != 1 {
+			t.Fatalf("%d lease attempts: the worker kept trying", n)
+		}
+		if a, _ := tr.counts(); a != 0 {
+			t.Fatal("sent without the lease")
+		}
+		// Once the other daemon's lease has expired, the next sweep sends.
+		clk.Advance(2 * time.Hour)
+		workertest.WaitUntil(t, "delivery after the lease expired", func() bool { _, d := tr.counts(); return d == 1 })
+	})
+}
+
+// A daemon that dies holding a lease (killed: nothing given back) keeps
+// nobody from its destination. On SQLite the daemon that follows it on the
+// database drops its leases at start; on PostgreSQL its lease is void as
+// soon as its session ends, both for a daemon starting then and for one
+// already running, which takes over within its next maintenance (1 s).
+func TestSenderLeaseOfADeadDaemon(t *testing.T) {
+	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		counted, login := leaseSetup(t, tdb)
+		clk := clock.NewFake()
+		now := clk.Now().UnixMilli()
+		// The predecessor held the lease for an hour more, and died.
+		dead, owner, kill := otherDaemon(t, tdb)
+		if held, _, err := dead.AcquireDestination(ctx, "remote.test", owner, now, now+3_600_000); err != nil || !held {
+			t.Fatalf("lease: %v %v", held, err)
+		}
+		kill()
+		login("D1")
+		tr := &recordingTransport{}
+		sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
+		done := make(chan struct{})
+		go func() { defer close(done); sender.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		workertest.WaitUntil(t, "delivery at start, the clock not moved", func() bool { _, d := tr.counts(); return d == 1 })
+
+		if tdb.Name != "postgres" {
+			return // one daemon per SQLite database: nothing runs beside it
+		}
+		// A daemon running beside this one takes a lease and dies.
+		workertest.WaitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
+		dead, owner, kill = otherDaemon(t, tdb)
+		now = clk.Now().UnixMilli()
+		if held, _, err := dead.AcquireDestination(ctx, "remote.test", owner, now, now+3_600_000); err != nil || !held {
+			t.Fatalf("lease: %v %v", held, err)
+		}
+		login("D2")
+		sender.Poke()
+		workertest.WaitUntil(t, "the worker to stand down", func() bool { return counted.calls.Load() >= 2 && sender.Busy() == 0 })
+		if _, d := tr.counts(); d != 1 {
+			t.Fatal("sent under a live daemon's lease")
+		}
+		kill()
+		workertest.WaitUntil(t, "maintenance to wait", func() bool { return clk.WaitsUntil(clk.Now().Add(time.Second)) })
+		clk.Advance(time.Second)
+		workertest.WaitUntil(t, "delivery once the sibling died", func() bool { _, d := tr.counts(); return d == 2 })
+	})
+}
+
+// On PostgreSQL a daemon that gives a lease back tells the others: one
+// whose worker wanted it sends at once, without waiting for a sweep.
+func TestSenderWakesWhenALeaseIsReleasedElsewhere(t *testing.T) {
+	tdb := testdb.Postgres(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	counted, login := leaseSetup(t, tdb)
+	clk := clock.NewFake()
+	tr := &recordingTransport{}
+	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
+	done := make(chan struct{})
+	go func() { defer close(done); sender.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	workertest.WaitUntil(t, "the sender to start", func() bool { return counted.holds.Load() == 1 && clk.Waiting() > 0 })
+	other, owner, _ := otherDaemon(t, tdb)
+	now := clk.Now().UnixMilli()
+	if held, _, err := other.AcquireDestination(ctx, "remote.test", owner, now, now+3_600_000); err != nil || !held {
+		t.Fatalf("lease: %v %v", held, err)
+	}
+	login("D1")
+	sender.Poke()
+	workertest.WaitUntil(t, "the worker to stand down", func() bool { return counted.calls.Load() >= 1 && sender.Busy() == 0 })
+	if err := other.ReleaseDestination(ctx, "remote.test", owner); err != nil {
+		t.Fatal(err)
+	}
+	workertest.WaitUntil(t, "delivery, the clock not moved", func() bool { _, d := tr.counts(); return d == 1 })
+}
+
+// leaseCounter counts lease attempts and holds.
 type leaseCounter struct {
 	storage.Database
 	calls atomic.Int32
+	holds atomic.Int32
 }
 
-func (l *leaseCounter) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (bool, error) {
+func (l *leaseCounter) AcquireDestination(ctx context.Context, dest, owner string, now, expires int64) (bool, bool, error) {
 	l.calls.Add(1)
 	return l.Database.AcquireDestination(ctx, dest, owner, now, expires)
+}
+
+// OutboundOwners reports none: the tests' PostgreSQL database is shared
+// with the daemons of other tests, whose comings and goings would wake
+// the queues at moments these tests do not choose.
+func (l *leaseCounter) OutboundOwners(ctx context.Context) ([]int64, error) { return nil, nil }
+
+func (l *leaseCounter) HoldOutboundOwner(ctx context.Context, owner string) (<-chan struct{}, error) {
+	defer l.holds.Add(1)
+	return l.Database.HoldOutboundOwner(ctx, owner)
 }
 
 // failingDB is a database whose chosen methods fail, as they would while

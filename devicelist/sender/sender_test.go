@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -83,11 +84,13 @@ func take(t *testing.T, s *Sender) *destination {
 	return s.next()
 }
 
-// Failed deliveries wait base·2^(n-1), capped, plus jitter; the batch keeps
-// its transaction ID; a refusal of the federation client is not an attempt
-// and waits as long as the client asks; while it waits the destination
-// keeps its lease without sending; a sign of life ends the wait, and one
-// during a failing send makes it try again at once.
+// Failed deliveries wait base·2^(n-1) plus jitter, but at most about 30 s
+// while the destination was reached within the hour; the batch keeps its
+// transaction ID; a refusal of the federation client is not an attempt
+// and waits as long as the client asks; while it waits the destination's
+// lease is paused (anyone may take it) and its failures are stored; a sign
+// of life ends the wait and zeroes the failures, and one during a failing
+// send makes it try again at once.
 func TestRetryDecisions(t *testing.T) {
 	ctx := context.Background()
 	q := newFakeQueue()
@@ -95,23 +98,24 @@ func TestRetryDecisions(t *testing.T) {
 	clk := clock.NewFake()
 	tr := &scriptedTransport{}
 	var drawn []int64
-	s := startTest(q, tr, Options{Clock: clk, MinRetry: time.Minute, MaxRetry: 4 * time.Minute,
+	s := startTest(q, tr, Options{Clock: clk, MinRetry: 5 * time.Second, MaxRetry: time.Hour,
 		Jitter: func(n int64) int64 { drawn = append(drawn, n); return 0 }})
 	s.wake("down.test", false)
+	start := clk.Now()
 
 	for i, tc := range []struct {
 		err  error
 		wait time.Duration
 	}{
-		{errors.New("connection refused"), time.Minute},
-		{&fedclient.HTTPError{Status: 502}, 2 * time.Minute},
-		{errors.New("i/o timeout"), 4 * time.Minute},
-		{errors.New("i/o timeout"), 4 * time.Minute}, // capped
-		{&fedclient.BackoffError{Until: clk.Now().Add(7 * time.Minute)}, 0},
+		{errors.New("connection refused"), 5 * time.Second},
+		{&fedclient.HTTPError{Status: 502}, 10 * time.Second},
+		{errors.New("i/o timeout"), 20 * time.Second},
+		{errors.New("i/o timeout"), 30 * time.Second}, // capped: reached within the hour
+		{errors.New("i/o timeout"), 30 * time.Second},
+		{&fedclient.BackoffError{}, 7 * time.Minute},
 	} {
 		if be, ok := tc.err.(*fedclient.BackoffError); ok {
 			be.Until = clk.Now().Add(7 * time.Minute)
-			tc.wait = 7 * time.Minute
 		}
 		tr.errs = []error{tc.err}
 		d := take(t, s)
@@ -122,31 +126,25 @@ func TestRetryDecisions(t *testing.T) {
 		if d.state != waiting || !d.retryAt.Equal(clk.Now().Add(tc.wait)) {
 			t.Fatalf("step %d: state %v, retry in %v, want waiting %v", i, d.state, d.retryAt.Sub(clk.Now()), tc.wait)
 		}
-		if l, ok := q.lease("down.test"); !ok || l.owner != s.owner {
-			t.Fatalf("step %d: lease %v", i, l)
+		if l, ok := q.lease("down.test"); !ok || l.owner != s.owner || l.expires != 0 {
+			t.Fatalf("step %d: lease %v, want paused under %s", i, l, s.owner)
 		}
-		// Half a lease later, before its retry time, it is taken up to renew
-		// the lease and set aside again, without a request.
-		if next, ok := s.resume(clk.Now()); !ok || next.After(clk.Now().Add(leaseTTL/2)) {
+		attempts := min(i+1, 5) // the refusal is not an attempt
+		if r := q.retries["down.test"]; r.Attempts != attempts || r.FailingSince != start.UnixMilli() || r.RetryAt != d.retryAt.UnixMilli() {
+			t.Fatalf("step %d: stored %+v, want %d attempts since the start, retry at %d", i, r, attempts, d.retryAt.UnixMilli())
+		}
+		if next, ok := s.resume(clk.Now()); !ok || !next.Equal(d.retryAt) {
 			t.Fatalf("step %d: next look in %v", i, next.Sub(clk.Now()))
 		}
-		if tc.wait > leaseTTL/2 {
-			clk.Advance(leaseTTL / 2)
-			s.resume(clk.Now())
-			s.process(ctx, take(t, s))
-			if l, _ := q.lease("down.test"); l.expires != clk.Now().Add(leaseTTL).UnixMilli() {
-				t.Fatalf("step %d: lease not renewed", i)
-			}
-			if tr.attempts() != i+1 || d.state != waiting {
-				t.Fatalf("step %d: sent before its time", i)
-			}
-			clk.Advance(tc.wait - leaseTTL/2)
-		} else {
-			clk.Advance(tc.wait)
+		clk.Advance(tc.wait - time.Millisecond)
+		if s.resume(clk.Now()); d.state != waiting {
+			t.Fatalf("step %d: woken before its time", i)
 		}
+		clk.Advance(time.Millisecond)
 		s.resume(clk.Now())
 	}
-	if want := []int64{int64(time.Minute)/4 + 1, int64(2*time.Minute)/4 + 1}; drawn[0] != want[0] || drawn[1] != want[1] {
+	// Jitter: up to a quarter added to an uncapped wait, taken off a capped one.
+	if want := []int64{int64(5*time.Second)/4 + 1, int64(10*time.Second)/4 + 1}; drawn[0] != want[0] || drawn[1] != want[1] {
 		t.Fatalf("jitter drawn from %v, want a quarter of the wait first", drawn)
 	}
 	tr.mu.Lock()
@@ -157,19 +155,19 @@ func TestRetryDecisions(t *testing.T) {
 	}
 	tr.mu.Unlock()
 
-	// A sign of life during a failing send: tried again at once.
+	// A sign of life during a failing send: tried again at once, from zero.
 	d := take(t, s)
 	tr.errs = []error{errors.New("connection reset")}
 	tr.during = func() { s.DestinationAlive("down.test") }
 	s.process(ctx, d)
-	if d.state != queued {
-		t.Fatalf("state %v after a failure with a sign of life, want queued", d.state)
+	if d.state != queued || d.attempt != 0 {
+		t.Fatalf("state %v, %d attempts after a failure with a sign of life, want queued from zero", d.state, d.attempt)
 	}
 	tr.during = nil
 	tr.errs = []error{errors.New("connection reset")}
 	s.process(ctx, take(t, s))
-	if d.state != waiting {
-		t.Fatal("the next failure did not wait")
+	if d.state != waiting || !d.retryAt.Equal(clk.Now().Add(5*time.Second)) {
+		t.Fatalf("the next failure waits %v, want the first step's 5s", d.retryAt.Sub(clk.Now()))
 	}
 	// A sign of life while it waits ends the wait; new updates do not.
 	s.wake("down.test", false)
@@ -177,6 +175,9 @@ func TestRetryDecisions(t *testing.T) {
 		t.Fatal("new updates ended a backoff")
 	}
 	s.DestinationAlive("down.test")
+	if d.state != queued || d.attempt != 0 {
+		t.Fatalf("a sign of life left it %v with %d attempts", d.state, d.attempt)
+	}
 	s.process(ctx, take(t, s))
 	if got := tr.delivered(); len(got) != 1 || len(got[0].EDUs) != 3 {
 		t.Fatalf("delivered %v", got)
@@ -186,6 +187,85 @@ func TestRetryDecisions(t *testing.T) {
 	}
 	if _, held := q.lease("down.test"); held {
 		t.Fatal("the lease was not given back")
+	}
+	if _, failing := q.retries["down.test"]; failing {
+		t.Fatal("a delivery left the stored failures")
+	}
+}
+
+// A destination silent for over an hour waits as long again as it has
+// been silent beyond the hour, up to the cap; within the hour, at most 30 s.
+func TestRetryDelay(t *testing.T) {
+	s := New(newFakeQueue(), &scriptedTransport{}, Options{Jitter: workertest.NoJitter})
+	for _, tc := range []struct {
+		attempt int
+		silent  time.Duration
+		want    time.Duration
+	}{
+		{1, 0, 5 * time.Second},
+		{3, time.Minute, 20 * time.Second},
+		{4, 2 * time.Minute, 30 * time.Second},
+		{100, 59 * time.Minute, 30 * time.Second},
+		{120, time.Hour, 30 * time.Second},
+		{121, time.Hour + 10*time.Minute, 10 * time.Minute},
+		{122, 2 * time.Hour, time.Hour},
+		{123, 30 * time.Hour, time.Hour},
+	} {
+		if got := s.retryDelay(tc.attempt, tc.silent); got != tc.want {
+			t.Errorf("attempt %d, silent %v: wait %v, want %v", tc.attempt, tc.silent, got, tc.want)
+		}
+	}
+	// Jitter only shortens a capped wait: never over 30 s within the hour.
+	s = New(newFakeQueue(), &scriptedTransport{}, Options{Jitter: func(n int64) int64 { return n - 1 }})
+	if got := s.retryDelay(10, time.Minute); got > 30*time.Second || got < 22*time.Second {
+		t.Errorf("capped wait with the most jitter: %v", got)
+	}
+}
+
+// A destination whose failures were forgotten elsewhere (another daemon
+// reached it or heard from it, or an operator asked) is tried at once;
+// one stored as failing by another daemon has its sign of life written.
+func TestSharedRetryState(t *testing.T) {
+	ctx := context.Background()
+	q := newFakeQueue()
+	q.add("down.test", 1)
+	clk := clock.NewFake()
+	tr := &scriptedTransport{errs: []error{errors.New("connection refused")}}
+	s := startTest(q, tr, Options{Clock: clk})
+	s.wake("down.test", false)
+	d := take(t, s)
+	s.process(ctx, d)
+	if d.state != waiting {
+		t.Fatal("not waiting after a failure")
+	}
+	s.maintain(ctx)
+	if d.state != waiting || !s.isFailing("down.test") {
+		t.Fatal("its own stored failure woke it")
+	}
+	q.mu.Lock()
+	delete(q.retries, "down.test")
+	q.mu.Unlock()
+	s.maintain(ctx)
+	if d.state != queued || d.attempt != 0 {
+		t.Fatalf("state %v, %d attempts once its failures were forgotten elsewhere", d.state, d.attempt)
+	}
+	s.process(ctx, take(t, s))
+	if len(tr.delivered()) != 1 {
+		t.Fatal("not delivered")
+	}
+
+	// Failing as another daemon stored it: a sign of life here is written.
+	q.mu.Lock()
+	q.retries["other.test"] = storage.DestinationRetry{Destination: "other.test", Attempts: 9, RetryAt: clk.Now().Add(time.Hour).UnixMilli()}
+	q.mu.Unlock()
+	s.maintain(ctx)
+	s.DestinationAlive("other.test")
+	s.DestinationAlive("healthy.test")
+	s.mu.Lock()
+	resets := len(s.resets)
+	s.mu.Unlock()
+	if resets != 1 || !s.resets["other.test"] {
+		t.Fatalf("resets %v, want other.test alone", s.resets)
 	}
 }
 
@@ -438,7 +518,7 @@ func TestDatabaseTroubleKeepsTheBackoff(t *testing.T) {
 	if !retryAt.Equal(clk.Now().Add(2 * time.Second)) {
 		t.Fatalf("retry in %v", retryAt.Sub(clk.Now()))
 	}
-	// The database fails when the lease is renewed, before the retry
+	// The database fails when the lease is taken again, before the retry
 	// time: the destination's backoff stands.
 	q.mu.Lock()
 	q.failing["AcquireDestination"] = true
@@ -504,5 +584,68 @@ func TestDaemonsNeverShareTransactionIDs(t *testing.T) {
 			t.Fatalf("two daemons both sent transaction %q", tr.ids[0])
 		}
 		seen[tr.ids[0]] = true
+	}
+}
+
+// hangingTransport holds every send until its context ends, then fails;
+// once open, it delivers.
+type hangingTransport struct {
+	mu        sync.Mutex
+	open      bool
+	hanging   int
+	owners    []string
+	delivered int
+}
+
+func (h *hangingTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
+	h.mu.Lock()
+	h.owners = append(h.owners, strings.Split(txnID, ".")[0])
+	if h.open {
+		h.delivered++
+		h.mu.Unlock()
+		return nil
+	}
+	h.hanging++
+	h.mu.Unlock()
+	<-ctx.Done()
+	h.mu.Lock()
+	h.hanging--
+	h.mu.Unlock()
+	return ctx.Err()
+}
+
+func (h *hangingTransport) state() (hanging, delivered int, owners []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.hanging, h.delivered, append([]string(nil), h.owners...)
+}
+
+// When the database no longer knows the daemon as alive (its hold broke),
+// its sends stop at once, for another daemon may take its leases; it holds
+// again under a new name and sends under that one.
+func TestLostHoldStopsTheSends(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	q := newFakeQueue()
+	q.add("remote.test", 1)
+	tr := &hangingTransport{}
+	clk := clock.NewFake()
+	s := New(q, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	workertest.WaitUntil(t, "a send in flight", func() bool { h, _, _ := tr.state(); return h == 1 })
+	holds := q.holdsMade()
+	if len(holds) != 1 {
+		t.Fatalf("%d holds", len(holds))
+	}
+	tr.mu.Lock()
+	tr.open = true
+	tr.mu.Unlock()
+	close(holds[0].lost)
+	workertest.WaitUntil(t, "delivery under a new hold", func() bool { _, d, _ := tr.state(); return d == 1 })
+	_, _, owners := tr.state()
+	holds = q.holdsMade()
+	if len(holds) != 2 || owners[0] != holds[0].owner || owners[len(owners)-1] != holds[1].owner || holds[0].owner == holds[1].owner {
+		t.Fatalf("sent as %v, holds %v", owners, holds)
 	}
 }

@@ -101,6 +101,9 @@ func (d *Daemon) startMetrics(cfg *config.Config) error {
 		n, err := d.store.PDUQueueDepth(ctx)
 		return float64(n), err
 	})
+	if snd := d.ks.Sender(); snd != nil {
+		reg.MustRegister(snd) // the per-destination metrics of the outbound queue
+	}
 	gauge("keyserver_stale_device_lists", "Remote users whose device list waits for a resync.", func(ctx context.Context) (float64, error) {
 		n, err := d.store.StaleCount(ctx)
 		return float64(n), err

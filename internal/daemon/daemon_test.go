@@ -20,6 +20,7 @@ import (
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/daemon"
 	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/storage"
 )
 
 func testConfig(t *testing.T, db testutil.Database) *config.Config {
@@ -178,6 +179,10 @@ func TestMetrics(t *testing.T) {
 		}
 		return string(body)
 	}
+	if err := d.Store().RecordDestinationFailure(context.Background(), storage.DestinationRetry{Destination: "down.test", Attempts: 3,
+		FailingSince: time.Now().UnixMilli(), RetryAt: time.Now().Add(time.Hour).UnixMilli()}); err != nil {
+		t.Fatal(err)
+	}
 	// One route serves an endpoint under every version; the label names
 	// the version requested.
 	if resp, err := http.Get("http://" + d.ClientAddr() + "/_matrix/client/unstable/keys/changes"); err != nil {
@@ -187,6 +192,10 @@ func TestMetrics(t *testing.T) {
 	}
 	m := get("http://" + d.MetricsAddr() + "/metrics")
 	for _, want := range []string{
+		`keyserver_outbound_destination_failed_attempts{destination="down.test"} 3`,
+		`keyserver_outbound_destination_pending{destination="down.test"} 0`,
+		`keyserver_outbound_destination_lease_held{destination="down.test"} 0`,
+		`keyserver_outbound_destination_next_try_seconds{destination="down.test"} 3`,
 		`keyserver_http_request_duration_seconds_count{api="client",endpoint="/_matrix/client/v3/register",method="POST",status="200"}`,
 		`keyserver_http_request_duration_seconds_count{api="client",endpoint="/_matrix/client/unstable/keys/changes",method="GET",status="401"}`,
 		"keyserver_one_time_keys_uploaded_total", "keyserver_outbound_queue_depth 0", "keyserver_outbound_room_events 0", "keyserver_stale_device_lists 0",

@@ -140,3 +140,8 @@ const MigrationLock = 0x6b657973 // "keys"
 // changes of a device's keys (uploads, deletion); the second is a hash of
 // the user and device IDs. Locks of two keys never meet MigrationLock.
 const DeviceKeysLock = 0x6f746b73 // "otks"
+
+// OutboundOwnerLock is the first key of the session advisory lock each
+// daemon's outbound sender holds while it lives; the second is a hash of
+// its name, the owner of its leases on destinations.
+const OutboundOwnerLock = 0x6f757462 // "outb"

@@ -566,6 +566,17 @@ CREATE TABLE profiles (
 );
 `},
 	{22, "PostgreSQL: room messages claim their transaction first (postgresSteps)", ``},
+	{23, "outbound destinations' retry state", `
+-- the destinations whose deliveries fail, shared by the daemons of the
+-- database: the attempts since one last got through or the destination was
+-- last heard from, the first of them, and when the next is due
+CREATE TABLE outbound_destinations (
+	destination      {{TEXT}} PRIMARY KEY,
+	attempts         INTEGER NOT NULL,
+	failing_since_ts {{BIGINT}} NOT NULL,
+	retry_at_ts      {{BIGINT}} NOT NULL
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

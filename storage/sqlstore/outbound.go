@@ -174,32 +174,60 @@ func (s *Store) MarkUpdatesSent(ctx context.Context, destination string, sent []
 	})
 }
 
-// AcquireDestination takes or renews the lease on sending to destination.
-func (s *Store) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (_ bool, err error) {
+// AcquireDestination takes or renews the lease on sending to destination:
+// held when the caller has it now, kept when it already had it and nobody
+// took it meanwhile (see PauseDestination), so that a batch it prepared
+// under it may still go out under its transaction ID. A lease can be taken
+// from another owner once it expires or, on PostgreSQL, as soon as its
+// owner's session lock is gone (see HoldOutboundOwner).
+func (s *Store) AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (held, kept bool, err error) {
 	defer named("AcquireDestination", &err)
-	var ok bool
 	err = s.write(ctx, func(tx *txn) error {
+		var prior string
+		err := tx.QueryRowContext(ctx, `SELECT owner FROM outbound_leases WHERE destination = $1`+s.d.forUpdate, destination).Scan(&prior)
+		if err != nil && err != sql.ErrNoRows {
+			return err
+		}
 		r, err := tx.ExecContext(ctx, `
 			INSERT INTO outbound_leases (destination, owner, expires_ts) VALUES ($1, $2, $3)
 			ON CONFLICT (destination) DO UPDATE SET owner = excluded.owner, expires_ts = excluded.expires_ts
-			WHERE outbound_leases.owner = excluded.owner OR outbound_leases.expires_ts < $4`,
+			WHERE outbound_leases.owner = excluded.owner OR outbound_leases.expires_ts < $4`+s.leaseOwnerGone(),
 			destination, owner, expires, now)
 		if err != nil {
 			return err
 		}
 		n, err := r.RowsAffected()
-		ok = n == 1
+		held = n == 1
+		kept = held && prior == owner
 		return err
 	})
-	return ok, err
+	return held, kept, err
 }
 
-// ReleaseDestination gives up a lease.
+// ReleaseDestination gives up a lease. On PostgreSQL the other daemons are
+// told (WatchOutbound), so that one waiting for it sends at once.
 func (s *Store) ReleaseDestination(ctx context.Context, destination, owner string) (err error) {
 	defer named("ReleaseDestination", &err)
+	return s.release(ctx, destination, owner, storage.OutboundReleased)
+}
+
+// HandOverDestination gives up a lease with work left: on PostgreSQL every
+// daemon is told, to take it up.
+func (s *Store) HandOverDestination(ctx context.Context, destination, owner string) (err error) {
+	defer named("HandOverDestination", &err)
+	return s.release(ctx, destination, owner, storage.OutboundHandedOver)
+}
+
+func (s *Store) release(ctx context.Context, destination, owner, kind string) error {
 	return s.write(ctx, func(tx *txn) error {
-		_, err := tx.ExecContext(ctx, `DELETE FROM outbound_leases WHERE destination = $1 AND owner = $2`, destination, owner)
-		return err
+		r, err := tx.ExecContext(ctx, `DELETE FROM outbound_leases WHERE destination = $1 AND owner = $2`, destination, owner)
+		if err != nil {
+			return err
+		}
+		if n, err := r.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+		return s.notifyOutbound(ctx, tx, kind, destination)
 	})
 }
 
