@@ -32,7 +32,7 @@ test: vet
 	scripts/with-postgres.sh $(GO) test $(TESTARGS) ./...
 
 soak:
-	KEYSERVER_CONVERGENCE=1 KEYSERVER_CONVERGENCE_SEED=$(SEED) KEYSERVER_CONVERGENCE_DURATION=$(DURATION) \
+	KEYSERVER_CONVERGENCE_SEED=$(SEED) KEYSERVER_CONVERGENCE_DURATION=$(DURATION) \
 	KEYSERVER_CONVERGENCE_SERVERS=$(SERVERS) KEYSERVER_CONVERGENCE_USERS=$(USERS) \
 	scripts/with-postgres.sh $(GO) test -count=$(RUNS) -timeout 4h -tags $(TAGS) -v -run '^TestConvergence$$' ./internal/convergence/
 

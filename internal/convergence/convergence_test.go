@@ -52,11 +52,6 @@ import (
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
-// enableEnv gates the test until the outbound queue converges in bounded
-// time (leases that end with their process, takeover between instances,
-// backoff reset on every sign of life); see the test's doc comment.
-const enableEnv = "KEYSERVER_CONVERGENCE"
-
 func envInt(t *testing.T, name string, def int64) int64 {
 	v := os.Getenv(name)
 	if v == "" {
@@ -96,10 +91,6 @@ const roomPrefix = "!convergence:"
 // TestConvergence: after faults end, every server's view of every remote
 // user's devices equals the home server's within the deadline.
 func TestConvergence(t *testing.T) {
-	if os.Getenv(enableEnv) == "" {
-		t.Skipf("set %s=1 to run: today's outbound queue does not converge in bounded time after the faults this test makes "+
-			"(leases of killed daemons, no takeover between instances, backoff not reset by signs of life)", enableEnv)
-	}
 	seed := envInt(t, "KEYSERVER_CONVERGENCE_SEED", time.Now().UnixNano()%1_000_000)
 	duration := envDuration(t, "KEYSERVER_CONVERGENCE_DURATION", 8*time.Second)
 	nServers := int(envInt(t, "KEYSERVER_CONVERGENCE_SERVERS", 3))
