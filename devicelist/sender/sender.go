@@ -854,6 +854,15 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		s.setAside(d, s.o.Clock.Now())
 		return
 	}
+	// Every failed request is counted, one whose destination showed it is
+	// up meanwhile too.
+	var be *fedclient.BackoffError
+	skipped := errors.As(err, &be)
+	if skipped {
+		metrics.OutboundSkipped.Inc()
+	} else {
+		metrics.OutboundFailures.Inc()
+	}
 	if s.revivedDuringSend(d) {
 		// It showed it is up while the send failed: tried again at once,
 		// its failures zeroed (and forgotten in the database by the sign
@@ -871,14 +880,11 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		}
 		d.known = err == nil
 	}
-	var be *fedclient.BackoffError
 	var wait time.Duration
-	if errors.As(err, &be) {
+	if skipped {
 		// The client refused without trying: not an attempt.
-		metrics.OutboundSkipped.Inc()
 		wait = max(be.Until.Sub(now), time.Millisecond)
 	} else {
-		metrics.OutboundFailures.Inc()
 		d.attempt++
 		if d.failingSince.IsZero() {
 			d.failingSince = now
