@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -219,7 +220,7 @@ func TestInstancesTakeOverFromEachOther(t *testing.T) {
 	})
 	// The survivor's failures are forgotten (an operator's retry): it
 	// would send now, but the sibling holds the lease.
-	if _, err := other.ResetDestination(ctx, peer.Name); err != nil {
+	if _, err := other.ResetDestination(ctx, peer.Name, math.MaxInt64); err != nil {
 		t.Fatal(err)
 	}
 	peer.down.Store(false)

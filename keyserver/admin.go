@@ -3,6 +3,7 @@ package keyserver
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -92,5 +93,5 @@ func (s *Service) RetryDestination(ctx context.Context, destination string) (boo
 	if s.isLocal(destination) {
 		return false, mxerr.InvalidParam("%s is this server", destination)
 	}
-	return s.db.ResetDestination(ctx, destination)
+	return s.db.ResetDestination(ctx, destination, math.MaxInt64)
 }

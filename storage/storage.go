@@ -510,10 +510,10 @@ type Database interface {
 	DestinationRetries(ctx context.Context) ([]DestinationRetry, error)
 	DestinationRetryOf(ctx context.Context, destination string) (DestinationRetry, bool, error)
 	RecordDestinationFailure(ctx context.Context, r DestinationRetry) error
-	// ResetDestination forgets a destination's failures (it got a delivery
-	// or was heard from): true when it had some, and then every daemon is
-	// told (WatchOutbound).
-	ResetDestination(ctx context.Context, destination string) (bool, error)
+	// ResetDestination forgets a destination's failures stored at or
+	// before heardAt (ms; it got a delivery or was heard from then): true
+	// when it had some, and then every daemon is told (WatchOutbound).
+	ResetDestination(ctx context.Context, destination string, heardAt int64) (bool, error)
 	// WatchOutbound calls fn with the other daemons' news about
 	// destinations (a lease released, failures forgotten) until ctx ends.
 	WatchOutbound(ctx context.Context, fn func(OutboundEvent)) error
@@ -583,6 +583,8 @@ type DestinationRetry struct {
 	Attempts     int
 	FailingSince int64
 	RetryAt      int64
+	// RecordedAt is when the last failure was stored (ms).
+	RecordedAt int64
 }
 
 // OutboundDestination is a destination with work or failures: what waits

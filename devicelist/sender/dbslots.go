@@ -89,8 +89,8 @@ func (s slotStore) RecordDestinationFailure(ctx context.Context, r storage.Desti
 	return s.slots.Do(ctx, func() error { return s.db.RecordDestinationFailure(ctx, r) })
 }
 
-func (s slotStore) ResetDestination(ctx context.Context, destination string) (had bool, err error) {
-	err = s.slots.Do(ctx, func() error { had, err = s.db.ResetDestination(ctx, destination); return err })
+func (s slotStore) ResetDestination(ctx context.Context, destination string, heardAt int64) (had bool, err error) {
+	err = s.slots.Do(ctx, func() error { had, err = s.db.ResetDestination(ctx, destination, heardAt); return err })
 	return had, err
 }
 

@@ -240,13 +240,16 @@ func (f *fakeQueue) RecordDestinationFailure(ctx context.Context, r storage.Dest
 	return nil
 }
 
-func (f *fakeQueue) ResetDestination(ctx context.Context, dest string) (bool, error) {
+func (f *fakeQueue) ResetDestination(ctx context.Context, dest string, heardAt int64) (bool, error) {
 	f.enter("ResetDestination")
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	_, had := f.retries[dest]
+	r, had := f.retries[dest]
+	if !had || r.RecordedAt > heardAt {
+		return false, nil
+	}
 	delete(f.retries, dest)
-	return had, nil
+	return true, nil
 }
 
 func (f *fakeQueue) WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error {

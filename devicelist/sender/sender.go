@@ -108,7 +108,7 @@ type Store interface {
 	DestinationRetries(ctx context.Context) ([]storage.DestinationRetry, error)
 	DestinationRetryOf(ctx context.Context, destination string) (storage.DestinationRetry, bool, error)
 	RecordDestinationFailure(ctx context.Context, r storage.DestinationRetry) error
-	ResetDestination(ctx context.Context, destination string) (bool, error)
+	ResetDestination(ctx context.Context, destination string, heardAt int64) (bool, error)
 	// WatchOutbound calls fn with the daemons' news about destinations.
 	WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error
 	// OutboundDestinations lists the destinations with work or failures.
@@ -194,7 +194,7 @@ type Sender struct {
 	// (resets, resetReady). blocked holds those whose lease another
 	// daemon held when a worker here wanted it: its release wakes them.
 	failing    map[string]bool
-	resets     map[string]bool
+	resets     map[string]int64
 	resetReady chan struct{}
 	blocked    map[string]bool
 	// epoch counts the reads of the shared retry state (see maintain).
@@ -285,7 +285,7 @@ func New(db Store, tr Transport, o Options) *Sender {
 	}
 	s := &Sender{db: db, tr: tr, o: o, owner: newOwner(), held: true, sendCtx: context.Background(), dbSlots: sl,
 		poke: make(chan struct{}, 1), sched: make(chan struct{}, 1),
-		dests: map[string]*destination{}, failing: map[string]bool{}, resets: map[string]bool{},
+		dests: map[string]*destination{}, failing: map[string]bool{}, resets: map[string]int64{},
 		resetReady: make(chan struct{}, 1), blocked: map[string]bool{},
 		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
 	s.ready = sync.NewCond(&s.mu)
@@ -539,28 +539,28 @@ func (s *Sender) writeResets(ctx context.Context) {
 		case <-s.resetReady:
 		}
 		s.mu.Lock()
-		names := make([]string, 0, len(s.resets))
-		for name := range s.resets {
-			names = append(names, name)
-		}
-		s.resets = map[string]bool{}
+		resets := s.resets
+		s.resets = map[string]int64{}
 		s.mu.Unlock()
-		for _, name := range names {
-			s.resetStored(ctx, name)
+		for name, at := range resets {
+			s.resetStored(ctx, name, at)
 		}
 	}
 }
 
-// resetStored forgets a destination's stored failures, telling the other
-// daemons.
-func (s *Sender) resetStored(ctx context.Context, dest string) {
-	if _, err := s.db.ResetDestination(ctx, dest); err != nil {
+// resetStored forgets a destination's failures stored up to at (ms: when
+// it was heard from or reached), telling the other daemons. A failure
+// stored after that (the retry the sign of life set off failed too) stays.
+func (s *Sender) resetStored(ctx context.Context, dest string, at int64) {
+	if _, err := s.db.ResetDestination(ctx, dest, at); err != nil {
 		s.dbError(ctx, s.o.Logger.WithField("destination", dest), err, "forgetting a destination's failures")
 		return
 	}
-	s.mu.Lock()
-	delete(s.failing, dest)
-	s.mu.Unlock()
+	if _, still, err := s.db.DestinationRetryOf(ctx, dest); err == nil && !still {
+		s.mu.Lock()
+		delete(s.failing, dest)
+		s.mu.Unlock()
+	}
 }
 
 // Poke says updates were queued: the queue is read again soon. Pokes that
@@ -601,8 +601,8 @@ func (s *Sender) DestinationAlive(dest string) {
 	s.wake(dest, true)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failing[dest] && s.running && !s.stopping && !s.resets[dest] {
-		s.resets[dest] = true
+	if _, pending := s.resets[dest]; s.failing[dest] && s.running && !s.stopping && !pending {
+		s.resets[dest] = s.o.Clock.Now().UnixMilli()
 		select {
 		case s.resetReady <- struct{}{}:
 		default:
@@ -837,7 +837,7 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			log.WithField("attempts", d.attempt+1).Info("transaction delivered after retries")
 		}
 		if d.attempt > 0 || s.isFailing(d.name) {
-			s.resetStored(ctx, d.name) // it was reached: its failures go
+			s.resetStored(ctx, d.name, s.o.Clock.Now().UnixMilli()) // it was reached: its failures go
 		}
 		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction || len(d.pdus) == maxPDUsPerTransaction
 		d.batch, d.toDev, d.pdus, d.txn, d.txnID = nil, nil, nil, fedclient.Transaction{}, ""
@@ -897,7 +897,7 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 	retryAt := now.Add(wait)
 	if !d.failingSince.IsZero() {
 		if err := s.db.RecordDestinationFailure(ctx, storage.DestinationRetry{Destination: d.name, Attempts: d.attempt,
-			FailingSince: d.failingSince.UnixMilli(), RetryAt: retryAt.UnixMilli()}); err != nil {
+			FailingSince: d.failingSince.UnixMilli(), RetryAt: retryAt.UnixMilli(), RecordedAt: s.o.Clock.Now().UnixMilli()}); err != nil {
 			s.dbError(ctx, log, err, "storing a destination's retry state")
 		}
 		s.mu.Lock()

@@ -263,8 +263,9 @@ func TestSharedRetryState(t *testing.T) {
 	s.DestinationAlive("healthy.test")
 	s.mu.Lock()
 	resets := len(s.resets)
+	_, other := s.resets["other.test"]
 	s.mu.Unlock()
-	if resets != 1 || !s.resets["other.test"] {
+	if resets != 1 || !other {
 		t.Fatalf("resets %v, want other.test alone", s.resets)
 	}
 }

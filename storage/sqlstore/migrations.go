@@ -569,12 +569,14 @@ CREATE TABLE profiles (
 	{23, "outbound destinations' retry state", `
 -- the destinations whose deliveries fail, shared by the daemons of the
 -- database: the attempts since one last got through or the destination was
--- last heard from, the first of them, and when the next is due
+-- last heard from, the first of them, when the next is due, and when the
+-- last was stored (a sign of life forgets only failures stored before it)
 CREATE TABLE outbound_destinations (
 	destination      {{TEXT}} PRIMARY KEY,
 	attempts         INTEGER NOT NULL,
 	failing_since_ts {{BIGINT}} NOT NULL,
-	retry_at_ts      {{BIGINT}} NOT NULL
+	retry_at_ts      {{BIGINT}} NOT NULL,
+	recorded_ts      {{BIGINT}} NOT NULL DEFAULT 0
 );
 `},
 }

@@ -204,7 +204,7 @@ func (s *Store) PauseDestination(ctx context.Context, destination, owner string)
 // DestinationRetries lists the failing destinations' retry state.
 func (s *Store) DestinationRetries(ctx context.Context) (_ []storage.DestinationRetry, err error) {
 	defer named("DestinationRetries", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT destination, attempts, failing_since_ts, retry_at_ts FROM outbound_destinations`)
+	rows, err := s.q.QueryContext(ctx, `SELECT destination, attempts, failing_since_ts, retry_at_ts, recorded_ts FROM outbound_destinations`)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +212,7 @@ func (s *Store) DestinationRetries(ctx context.Context) (_ []storage.Destination
 	var out []storage.DestinationRetry
 	for rows.Next() {
 		var r storage.DestinationRetry
-		if err := rows.Scan(&r.Destination, &r.Attempts, &r.FailingSince, &r.RetryAt); err != nil {
+		if err := rows.Scan(&r.Destination, &r.Attempts, &r.FailingSince, &r.RetryAt, &r.RecordedAt); err != nil {
 			return nil, err
 		}
 		out = append(out, r)
@@ -224,8 +224,8 @@ func (s *Store) DestinationRetries(ctx context.Context) (_ []storage.Destination
 func (s *Store) DestinationRetryOf(ctx context.Context, destination string) (_ storage.DestinationRetry, _ bool, err error) {
 	defer named("DestinationRetryOf", &err)
 	r := storage.DestinationRetry{Destination: destination}
-	err = s.q.QueryRowContext(ctx, `SELECT attempts, failing_since_ts, retry_at_ts FROM outbound_destinations WHERE destination = $1`,
-		destination).Scan(&r.Attempts, &r.FailingSince, &r.RetryAt)
+	err = s.q.QueryRowContext(ctx, `SELECT attempts, failing_since_ts, retry_at_ts, recorded_ts FROM outbound_destinations WHERE destination = $1`,
+		destination).Scan(&r.Attempts, &r.FailingSince, &r.RetryAt, &r.RecordedAt)
 	if err == sql.ErrNoRows {
 		return r, false, nil
 	}
@@ -237,20 +237,22 @@ func (s *Store) RecordDestinationFailure(ctx context.Context, r storage.Destinat
 	defer named("RecordDestinationFailure", &err)
 	return s.write(ctx, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `
-			INSERT INTO outbound_destinations (destination, attempts, failing_since_ts, retry_at_ts) VALUES ($1, $2, $3, $4)
+			INSERT INTO outbound_destinations (destination, attempts, failing_since_ts, retry_at_ts, recorded_ts) VALUES ($1, $2, $3, $4, $5)
 			ON CONFLICT (destination) DO UPDATE SET attempts = excluded.attempts,
-				failing_since_ts = excluded.failing_since_ts, retry_at_ts = excluded.retry_at_ts`,
-			r.Destination, r.Attempts, r.FailingSince, r.RetryAt)
+				failing_since_ts = excluded.failing_since_ts, retry_at_ts = excluded.retry_at_ts, recorded_ts = excluded.recorded_ts`,
+			r.Destination, r.Attempts, r.FailingSince, r.RetryAt, r.RecordedAt)
 		return err
 	})
 }
 
-// ResetDestination forgets a destination's failures; when it had some, the
-// other daemons are told.
-func (s *Store) ResetDestination(ctx context.Context, destination string) (had bool, err error) {
+// ResetDestination forgets a destination's failures stored at or before
+// heardAt (ms): a sign of life says nothing of a failure after it, which a
+// reset that comes late must not wipe. When it forgot some, the other
+// daemons are told.
+func (s *Store) ResetDestination(ctx context.Context, destination string, heardAt int64) (had bool, err error) {
 	defer named("ResetDestination", &err)
 	err = s.write(ctx, func(tx *txn) error {
-		r, err := tx.ExecContext(ctx, `DELETE FROM outbound_destinations WHERE destination = $1`, destination)
+		r, err := tx.ExecContext(ctx, `DELETE FROM outbound_destinations WHERE destination = $1 AND recorded_ts <= $2`, destination, heardAt)
 		if err != nil {
 			return err
 		}

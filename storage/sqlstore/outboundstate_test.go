@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -142,7 +143,7 @@ func TestDestinationRetryState(t *testing.T) {
 			// Listening: a reset is heard.
 			testutil.Eventually(t, "the watch to listen", func() bool {
 				_ = s.RecordDestinationFailure(ctx, storage.DestinationRetry{Destination: "probe.test", Attempts: 1})
-				_, _ = s.ResetDestination(ctx, "probe.test")
+				_, _ = s.ResetDestination(ctx, "probe.test", math.MaxInt64)
 				select {
 				case <-events:
 					return true
@@ -171,10 +172,22 @@ func TestDestinationRetryState(t *testing.T) {
 		if all, err := s.DestinationRetries(ctx); err != nil || len(all) != 1 || all[0] != r {
 			t.Fatalf("retries %+v %v", all, err)
 		}
-		if had, err := s.ResetDestination(ctx, "down.test"); err != nil || !had {
+		// A sign of life from before the last failure was stored does not
+		// forget it; one from after it does.
+		r.RecordedAt = 50_000
+		if err := s.RecordDestinationFailure(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if had, err := s.ResetDestination(ctx, "down.test", 49_999); err != nil || had {
+			t.Fatalf("reset by an older sign of life: %v %v", had, err)
+		}
+		if _, ok, _ := s.DestinationRetryOf(ctx, "down.test"); !ok {
+			t.Fatal("an older sign of life forgot a newer failure")
+		}
+		if had, err := s.ResetDestination(ctx, "down.test", 50_000); err != nil || !had {
 			t.Fatalf("reset: %v %v", had, err)
 		}
-		if had, err := s.ResetDestination(ctx, "down.test"); err != nil || had {
+		if had, err := s.ResetDestination(ctx, "down.test", math.MaxInt64); err != nil || had {
 			t.Fatalf("second reset: %v %v", had, err)
 		}
 		if all, err := s.DestinationRetries(ctx); err != nil || len(all) != 0 {
