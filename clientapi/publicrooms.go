@@ -8,14 +8,23 @@ import (
 	"github.com/keyserver/keyserver/publicrooms"
 )
 
-// publicRoomRoutes serve the public room directory: the list, read
-// without a token as the spec allows (GET) or with a filter by a user
-// (POST), and each room's entry.
+// publicRoomRoutes serve the public room directory: this server's list,
+// read without a token as the spec allows (GET), another server's only
+// for a user (it makes this server ask that server), the list with a
+// filter (POST) for a user, and each room's entry.
 func (a *API) publicRoomRoutes(s prefixed) {
 	if a.opts.PublicRooms == nil {
 		return
 	}
-	s.Handle("/publicRooms", a.public(a.publicRooms)).Methods(http.MethodGet)
+	anyone := a.public(a.publicRooms)
+	user := a.authed(func(r *http.Request, _ keyserver.Caller) (any, error) { return a.publicRooms(r) })
+	s.Handle("/publicRooms", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.opts.PublicRooms.Remote(r.URL.Query().Get("server")) {
+			user.ServeHTTP(w, r)
+			return
+		}
+		anyone.ServeHTTP(w, r)
+	})).Methods(http.MethodGet)
 	s.Handle("/publicRooms", a.authed(a.filteredPublicRooms)).Methods(http.MethodPost)
 	s.Handle("/directory/list/room/{roomId}", a.public(a.roomVisibility)).Methods(http.MethodGet)
 	s.Handle("/directory/list/room/{roomId}", a.authed(a.setRoomVisibility)).Methods(http.MethodPut)

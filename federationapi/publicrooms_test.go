@@ -48,6 +48,10 @@ func TestFederationPublicRooms(t *testing.T) {
 		if r := b.Do(t, "GET", clientV3+"/publicRooms?server="+url.QueryEscape("bad:server:name"), bob.Token, nil); r.Status != 400 || r.Errcode() != "M_INVALID_PARAM" {
 			t.Fatalf("a bad server name: %d %s", r.Status, r.Raw)
 		}
+		// Asking another server takes a user: no token, no request out.
+		if r := b.Do(t, "GET", clientV3+"/publicRooms?server="+url.QueryEscape(a.ServerName), "", nil); r.Status != 401 || r.Errcode() != "M_MISSING_TOKEN" {
+			t.Fatalf("another server's directory without a token: %d %s", r.Status, r.Raw)
+		}
 
 		// Asked directly, signed by B.
 		direct := fedMust(t, a, asNode(t, b), "GET", "/_matrix/federation/v1/publicRooms?limit=5", nil)

@@ -138,10 +138,15 @@ const (
 	MaxLimit     = 500
 )
 
+// Remote reports whether server names another server than this one.
+func (s *Service) Remote(server string) bool {
+	return server != "" && server != s.serverName
+}
+
 // List answers a page of a directory: this server's, or (server naming
 // another) that server's, asked over federation.
 func (s *Service) List(ctx context.Context, server string, req Request) (any, error) {
-	if server != "" && server != s.serverName {
+	if s.Remote(server) {
 		if _, _, ok := spec.ParseAndValidateServerName(spec.ServerName(server)); !ok {
 			return nil, mxerr.InvalidParam("%q is not a server name", server)
 		}
