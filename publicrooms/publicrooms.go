@@ -28,8 +28,14 @@ type Store interface {
 	SetRoomPublished(ctx context.Context, roomID string, published bool) error
 	PublishedRooms(ctx context.Context) ([]storage.PublishedRoom, error)
 	Room(ctx context.Context, roomID string) (storage.Room, error)
-	RoomCurrentState(ctx context.Context, roomID string) ([]storage.RoomEvent, error)
+	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 }
+
+// entryKeys are the pieces of a room's state its entry is read from (not
+// its members: a big room's entry costs no more than a small one's).
+var entryKeys = []storage.StateKey{{Type: spec.MRoomName}, {Type: spec.MRoomTopic}, {Type: spec.MRoomCanonicalAlias},
+	{Type: "m.room.avatar"}, {Type: spec.MRoomJoinRules}, {Type: spec.MRoomHistoryVisibility},
+	{Type: "m.room.guest_access"}, {Type: spec.MRoomCreate}}
 
 // Rooms decides who may change a room's entry (package roomserver).
 type Rooms interface {
@@ -252,7 +258,7 @@ func wantedType(types []*string, roomType string) bool {
 
 // chunk reads a room's entry from its current state.
 func (s *Service) chunk(ctx context.Context, p storage.PublishedRoom) (Chunk, error) {
-	state, err := s.db.RoomCurrentState(ctx, p.RoomID)
+	state, err := s.db.RoomStateEvents(ctx, p.RoomID, entryKeys)
 	if err != nil {
 		return Chunk{}, err
 	}
