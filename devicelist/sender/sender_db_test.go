@@ -184,29 +184,41 @@ func otherDaemon(t *testing.T, tdb testdb.Database) (storage.Database, string, f
 	}
 }
 
+// runSender runs a sender on counted with a fake clock until the test
+// ends.
+func runSender(t *testing.T, counted *leaseCounter) (*Sender, *clock.Fake, *recordingTransport) {
+	ctx, cancel := context.WithCancel(context.Background())
+	clk := clock.NewFake()
+	tr := &recordingTransport{}
+	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
+	done := make(chan struct{})
+	go func() { defer close(done); sender.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return sender, clk, tr
+}
+
+// leaseElsewhere has another daemon take remote.test's lease from now
+// for d; kill ends that daemon.
+func leaseElsewhere(t *testing.T, tdb testdb.Database, now time.Time, d time.Duration) (other storage.Database, owner string, kill func()) {
+	other, owner, kill = otherDaemon(t, tdb)
+	if held, _, err := other.AcquireDestination(context.Background(), "remote.test", owner, now.UnixMilli(), now.Add(d).UnixMilli()); err != nil || !held {
+		t.Fatalf("lease: %v %v", held, err)
+	}
+	return other, owner, kill
+}
+
 // Of two daemons on one database, the one holding a destination's lease
 // sends; the other's worker stands down instead of spinning, and sends
 // once the lease has expired.
 func TestSenderLeaseHeldElsewhere(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		counted, login := leaseSetup(t, tdb)
-		clk := clock.NewFake()
-		tr := &recordingTransport{}
-		sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
-		done := make(chan struct{})
-		go func() { defer close(done); sender.Run(ctx) }()
-		defer func() { cancel(); <-done }()
+		sender, clk, tr := runSender(t, counted)
 		// Once this one runs (on SQLite it dropped every lease it found
 		// at start), the other daemon takes the lease, then a change is
 		// queued.
 		workertest.WaitUntil(t, "the sender to start", func() bool { return counted.holds.Load() == 1 && clk.Waiting() > 0 })
-		other, owner, _ := otherDaemon(t, tdb)
-		now := clk.Now().UnixMilli()
-		if held, _, err := other.AcquireDestination(ctx, "remote.test", owner, now, now+60_000); err != nil || !held {
-			t.Fatalf("lease: %v %v", held, err)
-		}
+		leaseElsewhere(t, tdb, clk.Now(), time.Minute)
 		login("D1")
 		sender.Poke()
 		workertest.WaitUntil(t, "the worker to try and stand down", func() bool {
@@ -236,23 +248,12 @@ func TestSenderLeaseHeldElsewhere(t *testing.T) {
 // already running, which takes over within its next maintenance (1 s).
 func TestSenderLeaseOfADeadDaemon(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		counted, login := leaseSetup(t, tdb)
-		clk := clock.NewFake()
-		now := clk.Now().UnixMilli()
 		// The predecessor held the lease for an hour more, and died.
-		dead, owner, kill := otherDaemon(t, tdb)
-		if held, _, err := dead.AcquireDestination(ctx, "remote.test", owner, now, now+3_600_000); err != nil || !held {
-			t.Fatalf("lease: %v %v", held, err)
-		}
+		_, _, kill := leaseElsewhere(t, tdb, clock.NewFake().Now(), time.Hour)
 		kill()
 		login("D1")
-		tr := &recordingTransport{}
-		sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
-		done := make(chan struct{})
-		go func() { defer close(done); sender.Run(ctx) }()
-		defer func() { cancel(); <-done }()
+		sender, clk, tr := runSender(t, counted)
 		workertest.WaitUntil(t, "delivery at start, the clock not moved", func() bool { _, d := tr.counts(); return d == 1 })
 
 		if tdb.Name != "postgres" {
@@ -260,11 +261,7 @@ func TestSenderLeaseOfADeadDaemon(t *testing.T) {
 		}
 		// A daemon running beside this one takes a lease and dies.
 		workertest.WaitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
-		dead, owner, kill = otherDaemon(t, tdb)
-		now = clk.Now().UnixMilli()
-		if held, _, err := dead.AcquireDestination(ctx, "remote.test", owner, now, now+3_600_000); err != nil || !held {
-			t.Fatalf("lease: %v %v", held, err)
-		}
+		_, _, kill = leaseElsewhere(t, tdb, clk.Now(), time.Hour)
 		login("D2")
 		sender.Poke()
 		workertest.WaitUntil(t, "the worker to stand down", func() bool { return counted.calls.Load() >= 2 && sender.Busy() == 0 })
@@ -282,21 +279,11 @@ func TestSenderLeaseOfADeadDaemon(t *testing.T) {
 // whose worker wanted it sends at once, without waiting for a sweep.
 func TestSenderWakesWhenALeaseIsReleasedElsewhere(t *testing.T) {
 	tdb := testdb.Postgres(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	counted, login := leaseSetup(t, tdb)
-	clk := clock.NewFake()
-	tr := &recordingTransport{}
-	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
-	done := make(chan struct{})
-	go func() { defer close(done); sender.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	sender, clk, tr := runSender(t, counted)
 	workertest.WaitUntil(t, "the sender to start", func() bool { return counted.holds.Load() == 1 && clk.Waiting() > 0 })
-	other, owner, _ := otherDaemon(t, tdb)
-	now := clk.Now().UnixMilli()
-	if held, _, err := other.AcquireDestination(ctx, "remote.test", owner, now, now+3_600_000); err != nil || !held {
-		t.Fatalf("lease: %v %v", held, err)
-	}
+	other, owner, _ := leaseElsewhere(t, tdb, clk.Now(), time.Hour)
 	login("D1")
 	sender.Poke()
 	workertest.WaitUntil(t, "the worker to stand down", func() bool { return counted.calls.Load() >= 1 && sender.Busy() == 0 })
