@@ -155,12 +155,16 @@ func (f *fedRooms) latest(roomID string) string {
 }
 
 // roomWithCarol is a public room of alice's that carol of remote.test
-// joined through /make_join and /send_join, with power 50.
-func (f *fedRooms) roomWithCarol() string {
+// joined through /make_join and /send_join, with power 50; before runs
+// before she joins.
+func (f *fedRooms) roomWithCarol(before ...func(roomID string)) string {
 	f.t.Helper()
 	ctx := context.Background()
 	roomID := createRoom(f.t, f.rooms, alice, roomserver.CreateRoomRequest{Preset: "public_chat",
 		PowerLevelContentOverride: map[string]json.RawMessage{"users": json.RawMessage(`{"` + alice + `":100,"` + carol + `":50}`)}})
+	for _, b := range before {
+		b(roomID)
+	}
 	tmpl, err := f.rooms.MakeJoin(ctx, remote, roomID, carol, []string{string(roomserver.DefaultRoomVersion)})
 	if err != nil {
 		f.t.Fatal(err)
@@ -405,4 +409,8 @@ func TestDemotionWinsOverConcurrentState(t *testing.T) {
 			t.Fatal("the demoted user's topic was accepted")
 		}
 	})
+}
+
+func gmslVersion() gomatrixserverlib.IRoomVersion {
+	return gomatrixserverlib.MustGetRoomVersion(roomserver.DefaultRoomVersion)
 }
