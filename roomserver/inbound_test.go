@@ -92,14 +92,18 @@ type remoteEvent struct {
 	prev, auth             []string
 	ts                     time.Time
 	key                    ed25519.PrivateKey // default: remote.test's
+	depth                  int64              // default: one more than its prev events'
 }
 
 // build builds and signs a remote event on its prev events.
 func (f *fedRooms) build(e remoteEvent) gomatrixserverlib.PDU {
 	f.t.Helper()
 	ctx := context.Background()
-	var depth int64
+	depth := e.depth - 1
 	for _, p := range e.prev {
+		if e.depth > 0 {
+			break
+		}
 		ev, err := f.store.RoomEvent(ctx, p)
 		if err != nil {
 			f.t.Fatalf("prev event %s: %v", p, err)
