@@ -36,11 +36,11 @@ const (
 var t0 = time.UnixMilli(1_700_000_000_000)
 
 // keys is a key ring's store of other servers' keys.
-type keys map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult
+type ringKeys map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult
 
-func (keys) FetcherName() string { return "test" }
+func (ringKeys) FetcherName() string { return "test" }
 
-func (k keys) FetchKeys(_ context.Context, reqs map[gomatrixserverlib.PublicKeyLookupRequest]spec.Timestamp) (
+func (k ringKeys) FetchKeys(_ context.Context, reqs map[gomatrixserverlib.PublicKeyLookupRequest]spec.Timestamp) (
 	map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult, error) {
 	out := map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult{}
 	for r := range reqs {
@@ -51,7 +51,7 @@ func (k keys) FetchKeys(_ context.Context, reqs map[gomatrixserverlib.PublicKeyL
 	return out, nil
 }
 
-func (keys) StoreKeys(context.Context, map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult) error {
+func (ringKeys) StoreKeys(context.Context, map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult) error {
 	return nil
 }
 
@@ -74,7 +74,7 @@ func newFedRooms(t *testing.T, db testdb.Database) *fedRooms {
 	log.SetOutput(io.Discard)
 	_, localKey, _ := ed25519.GenerateKey(rand.Reader)
 	remotePub, remoteKey, _ := ed25519.GenerateKey(rand.Reader)
-	kdb := keys{{ServerName: remote, KeyID: remoteID}: {
+	kdb := ringKeys{{ServerName: remote, KeyID: remoteID}: {
 		VerifyKey:    gomatrixserverlib.VerifyKey{Key: spec.Base64Bytes(remotePub)},
 		ExpiredTS:    gomatrixserverlib.PublicKeyNotExpired,
 		ValidUntilTS: spec.AsTimestamp(t0.Add(365 * 24 * time.Hour)),
