@@ -35,7 +35,7 @@ const (
 // is set apart from it where state resolution's tie-break needs it.
 var t0 = time.UnixMilli(1_700_000_000_000)
 
-// keys is a key ring's store of other servers' keys.
+// ringKeys is a key ring's store of other servers' keys.
 type ringKeys map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult
 
 func (ringKeys) FetcherName() string { return "test" }
