@@ -107,4 +107,3 @@ func WriteFederation(w http.ResponseWriter, c *Content) error {
 	_, err := io.WriteString(w, tail)
 	return err
 }
-

@@ -94,9 +94,9 @@ type Service struct {
 	files files
 
 	mu       sync.Mutex
-	filled   map[string]chan struct{}   // reserved IDs being waited for
-	fetching map[string]*remoteFetch    // remote media being fetched
-	thumbing map[string]*sync.Mutex     // thumbnails being made
+	filled   map[string]chan struct{} // reserved IDs being waited for
+	fetching map[string]*remoteFetch  // remote media being fetched
+	thumbing map[string]*sync.Mutex   // thumbnails being made
 }
 
 // New makes the repository; its directory is created when missing.

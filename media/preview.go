@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/net/html"
 
-
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -169,4 +168,3 @@ func truncate(s string, n int) string {
 	}
 	return s
 }
-
