@@ -56,6 +56,8 @@ type Options struct {
 	Membership RoomMembership
 	// RateLimit bounds each remote server's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
+	// Media serves local media; nil: not served.
+	Media Media
 	Logger    logrus.FieldLogger
 	Now       func() time.Time
 }
@@ -108,6 +110,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.roomRoutes(r)
 	a.profileRoutes(r)
 	a.publicRoomRoutes(r)
+	a.mediaRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 
