@@ -56,10 +56,11 @@ type Options struct {
 	Membership RoomMembership
 	// RateLimit bounds each remote server's requests; nil: no limit.
 	RateLimit *ratelimit.Limiter
-	// Media serves local media; nil: not served.
-	Media Media
 	Logger    logrus.FieldLogger
 	Now       func() time.Time
+
+	// Media serves local media; nil: not served.
+	Media Media
 }
 
 // OldVerifyKey is a retired signing key.
