@@ -73,15 +73,25 @@ func (s *Service) fetch(ctx context.Context, origin, mediaID string, timeout tim
 	path := "/_matrix/federation/v1/media/download/" + url.PathEscape(mediaID) +
 		"?timeout_ms=" + strconv.FormatInt(timeout.Milliseconds(), 10)
 	resp, err := s.opts.Remote.GetStream(ctx, origin, path)
+	legacy := false
+	if err != nil && unrecognized(err) {
+		// A server older than the federation media endpoints: its media
+		// API, as Synapse falls back to.
+		legacy = true
+		resp, err = s.opts.Remote.GetStream(ctx, origin, "/_matrix/media/v3/download/"+url.PathEscape(origin)+"/"+
+			url.PathEscape(mediaID)+"?allow_remote=false&timeout_ms="+strconv.FormatInt(timeout.Milliseconds(), 10))
+	}
 	if err != nil {
 		log.WithError(err).Info("fetching remote media failed")
 		return storage.MediaRecord{}, remoteError(err)
 	}
 	defer resp.Body.Close()
-	ct, body, name, err := s.mediaPart(ctx, resp)
-	if err != nil {
-		log.WithError(err).Info("remote media answer unusable")
-		return storage.MediaRecord{}, mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "the media's server answered with something unusable")
+	ct, body, name := resp.Header.Get("Content-Type"), io.ReadCloser(resp.Body), dispositionName(resp.Header.Get("Content-Disposition"))
+	if !legacy {
+		if ct, body, name, err = s.mediaPart(ctx, resp); err != nil {
+			log.WithError(err).Info("remote media answer unusable")
+			return storage.MediaRecord{}, mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "the media's server answered with something unusable")
+		}
 	}
 	defer body.Close()
 	sha, size, err := s.files.put(body, s.opts.MaxUploadSize)
@@ -104,6 +114,25 @@ func (s *Service) fetch(ctx context.Context, origin, mediaID string, timeout tim
 	}
 	log.WithField("size", size).Debug("remote media cached")
 	return rec, nil
+}
+
+// unrecognized tells whether a server answered that it does not know an
+// endpoint: 404 or 405 without a Matrix error, or M_UNRECOGNIZED.
+func unrecognized(err error) bool {
+	var he interface {
+		StatusCode() int
+		ErrCode() string
+	}
+	if !errors.As(err, &he) {
+		return false
+	}
+	switch he.StatusCode() {
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return he.ErrCode() == "" || he.ErrCode() == "M_UNRECOGNIZED"
+	case http.StatusBadRequest:
+		return he.ErrCode() == "M_UNRECOGNIZED"
+	}
+	return false
 }
 
 // remoteError is what a client is told of a failed fetch.

@@ -309,3 +309,29 @@ func TestRemoteMediaLocation(t *testing.T) {
 		t.Error("a record was stored")
 	}
 }
+
+// A server without the federation media endpoints is asked through its
+// older media API.
+func TestRemoteMediaFromOlderServer(t *testing.T) {
+	o := testutil.NewOrigin(t)
+	var legacy atomic.Int32
+	o.Mux.HandleFunc("GET /_matrix/media/v3/download/{server}/{mediaId}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("server") != o.Name || r.URL.Query().Get("allow_remote") != "false" {
+			http.Error(w, "wrong request", http.StatusBadRequest)
+			return
+		}
+		legacy.Add(1)
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Disposition", "inline; filename*=utf-8''old%20server.txt")
+		_, _ = w.Write([]byte("from an older server"))
+	})
+	n := startNode(t, testutil.SQLite(t), nil)
+	bob := n.Register(t, "bob", "")
+	d := download(t, n, bob.Token, o.Name, "OldMedia")
+	if d.Status != http.StatusOK || string(d.Body) != "from an older server" || d.Header.Get("Content-Disposition") != "inline; filename*=utf-8''old%20server.txt" {
+		t.Fatalf("download from an older server: %d %q %q", d.Status, d.Body, d.Header.Get("Content-Disposition"))
+	}
+	if legacy.Load() != 1 {
+		t.Errorf("%d requests to the older API", legacy.Load())
+	}
+}
