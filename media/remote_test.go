@@ -335,3 +335,23 @@ func TestRemoteMediaFromOlderServer(t *testing.T) {
 		t.Errorf("%d requests to the older API", legacy.Load())
 	}
 }
+
+// Remote media is fetched through the outbound address policy: a server
+// on a denied address is not contacted.
+func TestRemoteMediaDeniedAddress(t *testing.T) {
+	var hits atomic.Int32
+	o := testutil.NewOrigin(t)
+	o.Mux.HandleFunc("GET "+fedDownload+"{mediaId}", func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		http.Error(w, "unexpected", http.StatusInternalServerError)
+	})
+	n := startNode(t, testutil.SQLite(t), func(c *config.Config) { c.Federation.IPRangeAllowlist = []string{} })
+	bob := n.Register(t, "bob", "")
+	d := download(t, n, bob.Token, o.Name, "Anything")
+	if d.Status != http.StatusBadGateway || d.errcode() != "M_UNKNOWN" || strings.Contains(string(d.Body), "127.0.0.1") {
+		t.Errorf("media of a denied server: %d %s", d.Status, d.Body)
+	}
+	if hits.Load() != 0 {
+		t.Error("the denied server was asked")
+	}
+}
