@@ -101,11 +101,11 @@ func (a *API) previewURL(r *http.Request, c keyserver.Caller) (any, error) {
 }
 
 // mediaTimeout is a download's timeout_ms: how long to wait for media
-// whose upload has not happened yet.
+// whose upload has not happened yet (-1 when absent: the default).
 func mediaTimeout(r *http.Request) (time.Duration, error) {
 	v := r.URL.Query().Get("timeout_ms")
 	if v == "" {
-		return 0, nil
+		return -1, nil
 	}
 	ms, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || ms < 0 {

@@ -63,7 +63,7 @@ func mediaRequest(r request) (string, time.Duration, error) {
 	if err != nil {
 		return "", 0, mxerr.InvalidParam("bad percent-encoding in the media ID")
 	}
-	var timeout time.Duration
+	timeout := time.Duration(-1) // the default
 	if v := r.URL.Query().Get("timeout_ms"); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms < 0 {

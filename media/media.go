@@ -357,9 +357,9 @@ func (s *Service) UploadTo(ctx context.Context, serverName, mediaID string, u Up
 const maxStall = 20 * time.Second
 
 // localRecord returns a local media record with content, waiting up to
-// timeout for a reserved ID to be filled.
+// timeout for a reserved ID to be filled (negative: the default, 20 s).
 func (s *Service) localRecord(ctx context.Context, mediaID string, timeout time.Duration) (storage.MediaRecord, error) {
-	if timeout <= 0 || timeout > maxStall {
+	if timeout < 0 || timeout > maxStall {
 		timeout = maxStall
 	}
 	deadline := time.NewTimer(timeout)

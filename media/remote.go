@@ -66,7 +66,7 @@ func (s *Service) remoteRecord(ctx context.Context, origin, mediaID string, lega
 // multipart/mixed answer of a JSON part (metadata, unused) and a part
 // with either the bytes or a Location to fetch them from.
 func (s *Service) fetch(ctx context.Context, origin, mediaID string, timeout time.Duration) (storage.MediaRecord, error) {
-	if timeout <= 0 || timeout > maxStall {
+	if timeout < 0 || timeout > maxStall {
 		timeout = maxStall
 	}
 	log := s.opts.Logger.WithFields(logrus.Fields{"origin": origin, "media_id": mediaID})

@@ -151,7 +151,7 @@ func TestAsyncUpload(t *testing.T) {
 		putPath := "/_matrix/media/v3/upload/" + server + "/" + id + "?filename=late.txt"
 		text := map[string]string{"Content-Type": "text/plain"}
 
-		if a := do(t, n, "GET", "/_matrix/client/v1/media/download/"+server+"/"+id+"?timeout_ms=50", alice.Token, nil, nil); a.Status != http.StatusGatewayTimeout || a.errcode() != "M_NOT_YET_UPLOADED" {
+		if a := do(t, n, "GET", "/_matrix/client/v1/media/download/"+server+"/"+id+"?timeout_ms=0", alice.Token, nil, nil); a.Status != http.StatusGatewayTimeout || a.errcode() != "M_NOT_YET_UPLOADED" {
 			t.Errorf("download before the upload: %d %s", a.Status, a.Body)
 		}
 		if a := do(t, n, "PUT", putPath, bob.Token, text, strings.NewReader("bob's")); a.Status != http.StatusForbidden || a.errcode() != "M_FORBIDDEN" {
