@@ -64,10 +64,47 @@ func (s *Service) PreviewURL(ctx context.Context, userID, raw string) (map[strin
 		return s.previewImage(ctx, userID, mt, resp.Body)
 	case mt == "text/html" || mt == "application/xhtml+xml":
 		og := openGraph(io.LimitReader(resp.Body, s.opts.PreviewMaxBytes))
+		s.previewPageImage(ctx, userID, resp.Request.URL, og)
 		log.WithField("properties", len(og)).Debug("URL preview made")
 		return og, nil
 	default:
 		return map[string]any{}, nil
+	}
+}
+
+// previewPageImage replaces a page's og:image URL by the image stored as
+// media (og:image as an mxc URI, with its type and size), as clients show
+// it; an image that cannot be fetched is left out.
+func (s *Service) previewPageImage(ctx context.Context, userID string, page *url.URL, og map[string]any) {
+	raw, _ := og["og:image"].(string)
+	if raw == "" {
+		return
+	}
+	delete(og, "og:image")
+	u, err := page.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil {
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return
+	}
+	resp, err := s.opts.URLClient.Do(req)
+	if err != nil {
+		s.opts.Logger.WithError(err).WithField("host", u.Hostname()).Debug("URL preview: the page's image could not be fetched")
+		return
+	}
+	defer resp.Body.Close()
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if resp.StatusCode/100 != 2 || !strings.HasPrefix(mt, "image/") {
+		return
+	}
+	img, err := s.previewImage(ctx, userID, mt, resp.Body)
+	if err != nil {
+		return
+	}
+	for k, v := range img {
+		og[k] = v
 	}
 }
 

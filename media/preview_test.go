@@ -31,7 +31,11 @@ func TestURLPreview(t *testing.T) {
 			_, _ = w.Write([]byte(`<html><head><title>Plain title</title>
 				<meta property="og:title" content="The OG title">
 				<meta name="description" content="A description">
-				<meta property="og:site_name" content="Example"></head><body>hi</body></html>`))
+				<meta property="og:site_name" content="Example">
+				<meta property="og:image" content="/image"></head><body>hi</body></html>`))
+		case "/broken-image":
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = w.Write([]byte(`<meta property="og:title" content="T"><meta property="og:image" content="/nowhere">`))
 		case "/plain":
 			w.Header().Set("Content-Type", "text/html")
 			_, _ = w.Write([]byte(`<html><head><title> Only a title </title><meta name="description" content="Only a description"></head></html>`))
@@ -70,6 +74,17 @@ func TestURLPreview(t *testing.T) {
 		if og["og:title"] != "The OG title" || og["og:site_name"] != "Example" || og["og:description"] != "A description" {
 			t.Errorf("preview: %v", og)
 		}
+		// The page's image is stored here and named by its mxc URI.
+		server, id := splitMXC(t, og["og:image"])
+		if og["og:image:type"] != "image/png" || og["matrix:image:size"] == nil {
+			t.Errorf("page image: %v", og)
+		}
+		if d := download(t, n, u.Token, server, id); d.Status != http.StatusOK || d.Header.Get("Content-Type") != "image/png" {
+			t.Errorf("the page's image: %d %s", d.Status, d.Body)
+		}
+		if og := preview(t, n, u.Token, site.URL+"/broken-image").json(t); og["og:title"] != "T" || og["og:image"] != nil {
+			t.Errorf("preview with an image that cannot be fetched: %v", og)
+		}
 		og = preview(t, n, u.Token, site.URL+"/plain").json(t)
 		if og["og:title"] != "Only a title" || og["og:description"] != "Only a description" {
 			t.Errorf("preview from title and description: %v", og)
@@ -78,7 +93,7 @@ func TestURLPreview(t *testing.T) {
 			t.Errorf("a property beyond the size cap was read: %v", og)
 		}
 		og = preview(t, n, u.Token, site.URL+"/image").json(t)
-		server, id := splitMXC(t, og["og:image"])
+		server, id = splitMXC(t, og["og:image"])
 		if og["og:image:type"] != "image/png" {
 			t.Errorf("image preview: %v", og)
 		}
