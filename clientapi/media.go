@@ -18,8 +18,13 @@ import (
 const mediaVersions = "/_matrix/media/{" + httpmetrics.APIVersionVar + ":(?:r0|v3|v1)}"
 
 // uploadReadTime is how long an upload's body may take to arrive, in
-// place of the listener's read timeout.
-const uploadReadTime = 10 * time.Minute
+// place of the listener's read timeout; transferTime is how much longer
+// than the write timeout a download may take (remote media fetched first,
+// large files to slow clients).
+const (
+	uploadReadTime = 10 * time.Minute
+	transferTime   = 10 * time.Minute
+)
 
 // mediaRoutes serve the content repository: uploads under
 // /_matrix/media (where the spec keeps them), downloads and thumbnails
@@ -137,6 +142,7 @@ func serveMedia(w http.ResponseWriter, r *http.Request, c *media.Content, name s
 // mediaDownload serves a download; legacy: the unauthenticated one.
 func (a *API) mediaDownload(legacy bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpx.ExtendWriteDeadline(w, transferTime, a.opts.WriteTimeout)
 		if !legacy {
 			if _, ok := a.authenticate(w, r); !ok {
 				return
@@ -165,6 +171,7 @@ func (a *API) mediaDownload(legacy bool) http.Handler {
 // mediaThumbnail serves a thumbnail; legacy: the unauthenticated one.
 func (a *API) mediaThumbnail(legacy bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpx.ExtendWriteDeadline(w, transferTime, a.opts.WriteTimeout)
 		if !legacy {
 			if _, ok := a.authenticate(w, r); !ok {
 				return
