@@ -107,6 +107,8 @@ func (a *api) mediaAuthed(h func(r request) (*media.Content, error)) http.Handle
 			return
 		}
 		defer c.File.Close()
+		// A large file may take longer than other answers to send.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(10 * time.Minute))
 		if err := media.WriteFederation(w, c); err != nil {
 			httpx.Logger(r).WithError(err).Debug("sending media to a server failed")
 		}
