@@ -354,6 +354,9 @@ func (a *API) versions(r *http.Request) (any, error) {
 	if a.opts.Dehydrated != nil {
 		features["org.matrix.msc3814"] = true
 	}
+	if a.opts.Media != nil { // authenticated media, for clients that look for it here
+		features["org.matrix.msc3916.stable"] = true
+	}
 	return map[string]any{"versions": specVersions, "unstable_features": features}, nil
 }
 

@@ -326,3 +326,13 @@ func TestUploadRateLimit(t *testing.T) {
 	}
 	upload(t, n, bob, "text/plain", "", []byte("bob's own"))
 }
+
+// /versions tells clients that look there that media is authenticated.
+func TestVersionsNameAuthenticatedMedia(t *testing.T) {
+	n := startNode(t, testutil.SQLite(t), nil)
+	a := do(t, n, "GET", "/_matrix/client/versions", "", nil, nil)
+	features, _ := a.json(t)["unstable_features"].(map[string]any)
+	if features["org.matrix.msc3916.stable"] != true {
+		t.Errorf("unstable_features: %v", features)
+	}
+}
