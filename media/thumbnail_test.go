@@ -10,6 +10,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -97,12 +98,25 @@ func TestThumbnails(t *testing.T) {
 	})
 }
 
-// A file that claims to be an image but is not one is refused clearly.
+// A file that claims to be an image but is not one, and an image of more
+// pixels than allowed, are refused clearly and nothing is stored.
 func TestThumbnailOfBrokenImage(t *testing.T) {
-	n := startNode(t, testutil.SQLite(t), nil)
+	n := startNode(t, testutil.SQLite(t), func(c *config.Config) { c.Media.MaxImagePixels = 10000 })
 	alice := n.Register(t, "alice", "")
 	server, id := upload(t, n, alice, "image/png", "", []byte("not a png"))
 	if a, _ := thumbnail(t, n, alice.Token, server, id, "width=32&height=32"); a.Status != http.StatusBadRequest || a.errcode() != "M_UNKNOWN" {
 		t.Errorf("thumbnail of a broken image: %d %s", a.Status, a.Body)
+	}
+	server, id = upload(t, n, alice, "image/png", "", encodePNG(t, halves(200, 51)))
+	if a, _ := thumbnail(t, n, alice.Token, server, id, "width=32&height=32"); a.Status != http.StatusBadRequest || a.errcode() != "M_UNKNOWN" {
+		t.Errorf("thumbnail of a too large image: %d %s", a.Status, a.Body)
+	}
+	server, id = upload(t, n, alice, "image/png", "", encodePNG(t, halves(200, 50)))
+	if a, _ := thumbnail(t, n, alice.Token, server, id, "width=32&height=32"); a.Status != http.StatusOK {
+		t.Errorf("thumbnail of an image of the largest size: %d %s", a.Status, a.Body)
+	}
+	var rows int
+	if err := n.Store.DB().QueryRow(`SELECT COUNT(*) FROM media_thumbnails`).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("%d thumbnails stored (%v), want 1", rows, err)
 	}
 }
