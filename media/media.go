@@ -123,7 +123,9 @@ func New(store Store, o Options) (*Service, error) {
 		o.Now = time.Now
 	}
 	if o.URLClient == nil {
-		o.URLClient = http.DefaultClient
+		// Nothing is fetched without a client that enforces the outbound
+		// address policy.
+		o.URLClient = &http.Client{Transport: refuseAll{}}
 	}
 	if err := os.MkdirAll(filepath.Join(o.Dir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("media directory: %w", err)
@@ -137,8 +139,12 @@ func (s *Service) Config() map[string]any {
 	return map[string]any{"m.upload.size": s.opts.MaxUploadSize}
 }
 
-// PreviewsEnabled tells whether URL previews are served.
-func (s *Service) PreviewsEnabled() bool { return s.opts.URLPreviews }
+// refuseAll is the transport of a repository given no URL client.
+type refuseAll struct{}
+
+func (refuseAll) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New("no URL client is configured")
+}
 
 // Content is media ready to be sent: the caller closes File.
 type Content struct {
@@ -344,13 +350,19 @@ func (s *Service) UploadTo(ctx context.Context, serverName, mediaID string, u Up
 	case err != nil:
 		return err
 	}
+	s.forgetWaiters(mediaID)
+	return nil
+}
+
+// forgetWaiters wakes the downloads waiting for a reserved ID's content:
+// it has arrived, or it never will.
+func (s *Service) forgetWaiters(mediaID string) {
 	s.mu.Lock()
 	if ch := s.filled[mediaID]; ch != nil {
 		close(ch)
 		delete(s.filled, mediaID)
 	}
 	s.mu.Unlock()
-	return nil
 }
 
 // maxStall caps how long a download waits for a reserved ID's content.
@@ -366,14 +378,12 @@ func (s *Service) localRecord(ctx context.Context, mediaID string, timeout time.
 	defer deadline.Stop()
 	for {
 		rec, err := s.store.Media(ctx, s.opts.ServerName, mediaID)
-		if errors.Is(err, storage.ErrNotFound) {
+		if errors.Is(err, storage.ErrNotFound) || (err == nil && rec.Pending() && rec.ExpiresTS <= s.opts.Now().UnixMilli()) {
+			s.forgetWaiters(mediaID)
 			return rec, mxerr.NotFound("media not found")
 		}
 		if err != nil || !rec.Pending() {
 			return rec, err
-		}
-		if rec.ExpiresTS <= s.opts.Now().UnixMilli() {
-			return rec, mxerr.NotFound("media not found")
 		}
 		s.mu.Lock()
 		ch := s.filled[mediaID]
