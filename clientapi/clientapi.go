@@ -28,6 +28,7 @@ import (
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/media"
 	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pushrules"
@@ -82,6 +83,8 @@ type Options struct {
 	// Parker parks waiting /sync requests' connections; nil: they wait
 	// in their handlers.
 	Parker *httppark.Parker
+	// Media serves the content repository; nil: not served.
+	Media *media.Service
 }
 
 // API serves the client-server API.
@@ -150,6 +153,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.initialSyncRoutes(s, prefixed{rooms, clientVersions})
 	a.toDeviceRoutes(e2e)
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
+	a.mediaRoutes(prefixed{r, ""})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
 	r.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
@@ -349,6 +353,9 @@ func (a *API) versions(r *http.Request) (any, error) {
 	features := map[string]bool{"org.matrix.e2e_cross_signing": true}
 	if a.opts.Dehydrated != nil {
 		features["org.matrix.msc3814"] = true
+	}
+	if a.opts.Media != nil { // authenticated media, for clients that look for it here
+		features["org.matrix.msc3916.stable"] = true
 	}
 	return map[string]any{"versions": specVersions, "unstable_features": features}, nil
 }

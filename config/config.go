@@ -64,6 +64,7 @@ type Config struct {
 	Federation FederationConfig `yaml:"federation"`
 	Metrics    MetricsConfig    `yaml:"metrics"`
 	Keys       KeysConfig       `yaml:"keys"`
+	Media      MediaConfig      `yaml:"media"`
 }
 
 // LogConfig is the "log" section.
@@ -353,6 +354,7 @@ func Default() *Config {
 		Keys: KeysConfig{
 			StrictValidation: true,
 		},
+		Media: defaultMedia(),
 	}
 }
 
@@ -473,6 +475,7 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		add("data_dir must not be empty")
 	}
+	c.validateMedia(add)
 	if _, err := databaseKind(c.Database); err != nil {
 		add("%v", err)
 	}

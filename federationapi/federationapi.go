@@ -58,6 +58,9 @@ type Options struct {
 	RateLimit *ratelimit.Limiter
 	Logger    logrus.FieldLogger
 	Now       func() time.Time
+
+	// Media serves local media; nil: not served.
+	Media Media
 }
 
 // OldVerifyKey is a retired signing key.
@@ -108,6 +111,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.roomRoutes(r)
 	a.profileRoutes(r)
 	a.publicRoomRoutes(r)
+	a.mediaRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 

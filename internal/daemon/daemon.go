@@ -284,6 +284,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	profiles := profile.New(store, cfg.ServerName, d.fed, rooms, log)
 	rooms.SetProfiles(profiles)
 	publicRooms := publicrooms.New(store, rooms, d.fed, cfg.ServerName, log)
+	mediaRepo, err := newMedia(cfg, store, d.fed, log)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
 	d.parker = httppark.New(httppark.Options{WriteTimeout: cfg.ClientAPI.WriteTimeout.Duration(), Logger: log})
 	d.client = &http.Server{
 		Handler: clientapi.NewHandler(d.ks, clientapi.Options{
@@ -309,6 +314,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			ToDevice:   toDevice,
 			Dehydrated: dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
 			Parker:     d.parker,
+			Media:      mediaRepo,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),
 		ReadTimeout:       cfg.ClientAPI.ReadTimeout.Duration(),
@@ -330,6 +336,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 			RateLimit:       ratelimit.New(float64(cfg.Federation.RateLimitPerSecond), cfg.Federation.RateLimitBurst, nil),
 			Logger:          log,
+			Media:           mediaRepo,
 		}),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: cfg.Federation.ReadTimeout.Duration(),

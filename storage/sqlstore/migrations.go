@@ -579,6 +579,42 @@ CREATE TABLE outbound_destinations (
 	recorded_ts      {{BIGINT}} NOT NULL DEFAULT 0
 );
 `},
+	{24, "media repository", `
+-- a piece of media: a local upload (origin is this server) or a remote
+-- file cached here. Its bytes are a file named by sha256 under the media
+-- directory; sha256 is '' while an ID reserved for an asynchronous upload
+-- waits for content, until expires_ts (0 once filled). user_id is the
+-- local uploader ('' for remote media). authenticated media is served by
+-- the authenticated download endpoints only.
+CREATE TABLE media (
+	origin        {{TEXT}} NOT NULL,
+	media_id      {{TEXT}} NOT NULL,
+	user_id       {{TEXT}} NOT NULL,
+	content_type  {{TEXT}} NOT NULL,
+	upload_name   {{TEXT}} NOT NULL,
+	sha256        {{TEXT}} NOT NULL,
+	size          {{BIGINT}} NOT NULL,
+	created_ts    {{BIGINT}} NOT NULL,
+	expires_ts    {{BIGINT}} NOT NULL,
+	authenticated INTEGER NOT NULL,
+	PRIMARY KEY (origin, media_id)
+);
+CREATE INDEX media_reserved ON media (user_id, sha256);
+
+-- the thumbnails made of a piece of media, one per size and method, their
+-- bytes named by sha256 like the media's
+CREATE TABLE media_thumbnails (
+	origin       {{TEXT}} NOT NULL,
+	media_id     {{TEXT}} NOT NULL,
+	width        INTEGER NOT NULL,
+	height       INTEGER NOT NULL,
+	method       {{TEXT}} NOT NULL,
+	content_type {{TEXT}} NOT NULL,
+	sha256       {{TEXT}} NOT NULL,
+	size         {{BIGINT}} NOT NULL,
+	PRIMARY KEY (origin, media_id, width, height, method)
+);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
