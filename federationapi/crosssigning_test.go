@@ -221,7 +221,7 @@ func TestIncomingSigningKeyUpdate(t *testing.T) {
 		x := newCrossSigningRemote(t)
 		a.Join(t, "!room:x", alice.UserID)
 		a.Join(t, "!room:x", x.user)
-		eventually(t, "the first resync", func() bool { return notStale(a, x.user) })
+		firstFetch(t, a, alice, x.user)
 		masterOf := func() any {
 			t.Helper()
 			r := query(t, a, alice, map[string][]string{x.user: {}}, 10000)

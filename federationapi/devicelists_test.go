@@ -117,6 +117,32 @@ func sameSet(got map[string]bool, want ...string) bool {
 
 func eventually(t *testing.T, what string, cond func() bool) { testutil.Eventually(t, what, cond) }
 
+// firstFetch has viewer, a local user of n, ask for userID's keys: a
+// remote list is fetched when a local client first needs it, and kept
+// from then on. It returns once the list is cached.
+func firstFetch(t *testing.T, n *testutil.Node, viewer *testutil.User, userID string) {
+	t.Helper()
+	query(t, n, viewer, map[string][]string{userID: {}}, 10000)
+	eventually(t, "the first fetch of "+userID, func() bool { return notStale(n, userID) })
+}
+
+// queuesDrained waits until none of the nodes has anything queued for
+// another server: the updates a join announced have been answered (an
+// answer to /send comes once the receiver has applied or fetched what it
+// was sent).
+func queuesDrained(t *testing.T, nodes ...*testutil.Node) {
+	t.Helper()
+	eventually(t, "the outbound queues drained", func() bool {
+		for _, n := range nodes {
+			q, err := n.Store.OutboundQueue(context.Background())
+			if err != nil || len(q) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // An incoming update is visible to /keys/query as soon as /send returns; a
 // missed update (unknown prev_id) makes the receiver resync before
 // answering; deletions apply; retried transactions are processed once;
@@ -129,8 +155,8 @@ func TestIncomingUpdates(t *testing.T) {
 		carol := newFakeRemote(t, "carol")
 		carol.addDevice("PHONE")
 		a.Join(t, "!room:x", alice.UserID)
-		a.Join(t, "!room:x", carol.user) // starts tracking: a resync in the background
-		eventually(t, "the first resync", func() bool { return notStale(a, carol.user) })
+		a.Join(t, "!room:x", carol.user) // starts tracking; fetched when first asked for
+		firstFetch(t, a, alice, carol.user)
 		if got := deviceIDs(t, a, alice, carol.user); !sameSet(got, "PHONE") {
 			t.Fatalf("cached list %v", got)
 		}
@@ -219,7 +245,7 @@ func TestHistoricalUserIDs(t *testing.T) {
 			room := "!room" + fmt.Sprint(len(localpart)) + ":x"
 			a.Join(t, room, alice.UserID)
 			a.Join(t, room, remote.user)
-			eventually(t, "the first resync of "+remote.user, func() bool { return notStale(a, remote.user) })
+			firstFetch(t, a, alice, remote.user)
 			if got := deviceIDs(t, a, alice, remote.user); !sameSet(got, "PHONE") {
 				t.Fatalf("%s: cached list %v", remote.user, got)
 			}
@@ -291,7 +317,7 @@ func TestSendDoesNotHangOnFailedResync(t *testing.T) {
 	carol.addDevice("PHONE")
 	a.Join(t, "!room:x", alice.UserID)
 	a.Join(t, "!room:x", carol.user)
-	eventually(t, "the cached list", func() bool { return notStale(a, carol.user) })
+	firstFetch(t, a, alice, carol.user)
 
 	carol.broken.Store(true)
 	carol.addDevice("MISSED")

@@ -88,7 +88,7 @@ func setUpPeer(t *testing.T, n *testutil.Node) (*testutil.User, *flakyPeer) {
 	peer := newFlakyPeer(t)
 	n.Join(t, "!r:x", alice.UserID)
 	n.Join(t, "!r:x", peer.user)
-	eventually(t, "the peer's list fetched", func() bool { return notStale(n, peer.user) })
+	firstFetch(t, n, alice, peer.user)
 	return alice, peer
 }
 

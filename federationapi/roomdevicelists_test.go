@@ -367,7 +367,9 @@ func TestLocalToolChangesReachRemoteServers(t *testing.T) {
 		roomID := createPublicRoom(t, a, alice)
 		joinVia(t, b, bob, roomID, a)
 		a.Join(t, roomID, w.user) // a third server, to see the EDUs themselves
-		eventually(t, "B to fetch alice's list", func() bool { return notStale(b, alice.UserID) && b.Service.Updater().InFlight() == 0 })
+		firstFetch(t, b, bob, alice.UserID)
+		queuesDrained(t, a, b) // A told of bob's devices by his join
+		eventually(t, "B's updater idle", func() bool { return b.Service.Updater().InFlight() == 0 })
 		fetches := a.Requests.Count("GET", devicesPath)
 
 		uploads := []map[string]any{

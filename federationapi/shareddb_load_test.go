@@ -106,8 +106,10 @@ func TestSharedDatabaseGuaranteesUnderLoad(t *testing.T) {
 	received := recordUpdates(dave.Origin)
 	first.Join(t, room, carol.user)
 	first.Join(t, room, dave.user)
+	firstFetch(t, first, alice, carol.user)
+	firstFetch(t, first, alice, dave.user)
 	for _, d := range daemons {
-		eventually(t, "the remote lists fetched", func() bool { return notStale(d, carol.user) && notStale(d, dave.user) })
+		eventually(t, "the remote lists cached", func() bool { return notStale(d, carol.user) && notStale(d, dave.user) })
 	}
 
 	// The load: clients of their own querying keys and uploading one-time
@@ -218,9 +220,13 @@ func TestSharedDatabaseGuaranteesUnderLoad(t *testing.T) {
 		}
 		return true
 	})
+	// The joiners' lists are fetched when a client first asks, once: the
+	// other daemons read what the first stored.
 	for _, d := range daemons {
 		for _, r := range joiners {
-			eventually(t, "the joiners' lists fetched", func() bool { return notStale(d, r.user) })
+			if got := deviceIDs(t, d, alice, r.user); !sameSet(got, "J0") {
+				t.Fatalf("%s's devices: %v", r.user, got)
+			}
 		}
 	}
 	close(stop)

@@ -30,12 +30,13 @@ func newPair(t *testing.T, db testutil.Database) *pair {
 		n.Join(t, sharedRoom, p.alice.UserID)
 		n.Join(t, sharedRoom, p.bob.UserID)
 	}
-	// Each server starts tracking the other's user: one resync each.
-	eventually(t, "B to fetch alice's list", func() bool {
-		return notStale(p.b, p.alice.UserID) && p.b.Service.Updater().InFlight() == 0
-	})
-	eventually(t, "A to fetch bob's list", func() bool {
-		return notStale(p.a, p.bob.UserID) && p.a.Service.Updater().InFlight() == 0
+	// Each server fetches the other's user when its own user first asks;
+	// bob's join on B was announced to A.
+	firstFetch(t, p.b, p.bob, p.alice.UserID)
+	firstFetch(t, p.a, p.alice, p.bob.UserID)
+	queuesDrained(t, p.a, p.b)
+	eventually(t, "the updaters idle", func() bool {
+		return p.a.Service.Updater().InFlight() == 0 && p.b.Service.Updater().InFlight() == 0
 	})
 	if !sameSet(deviceIDs(t, p.b, p.bob, p.alice.UserID), "ALICE1") || !sameSet(deviceIDs(t, p.a, p.alice, p.bob.UserID), "BOB1") {
 		t.Fatal("the first resyncs did not fetch the devices")
@@ -176,7 +177,7 @@ func TestSharedDatabaseSeesSendAtOnce(t *testing.T) {
 	carol.addDevice("D0")
 	a1.Join(t, "!room:x", alice.UserID)
 	a1.Join(t, "!room:x", carol.user)
-	eventually(t, "the cached list", func() bool { return notStale(a2, carol.user) })
+	firstFetch(t, a2, alice, carol.user)
 	if !sameSet(deviceIDs(t, a2, alice, carol.user), "D0") {
 		t.Fatal("the first resync did not fetch the device")
 	}

@@ -272,17 +272,21 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 		return err
 	}
 	s.membershipChanged(res.Change, res.NewlyStale)
+	if res.DeviceUpdatesQueued && s.sender != nil {
+		s.sender.Poke()
+	}
 	return nil
 }
 
 // RoomWritten follows a committed write of room events (package
 // roomserver): membership events in it changed who shares a room with
 // whom in the same transaction. The waiting /sync requests of the local
-// users concerned wake, newly tracked remote lists are fetched, and the
-// events queued for other servers are sent.
+// users concerned wake, remote lists cached while untracked are fetched
+// again, and the events and device-list updates queued for other servers
+// are sent.
 func (s *Service) RoomWritten(res storage.RoomWriteResult) {
 	s.membershipChanged(res.Change, res.NewlyStale)
-	if res.PDUsQueued && s.sender != nil {
+	if (res.PDUsQueued || res.DeviceUpdatesQueued) && s.sender != nil {
 		s.sender.Poke()
 	}
 }

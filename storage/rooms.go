@@ -114,11 +114,15 @@ type RoomTxn struct {
 // RoomWriteResult is what a room write did.
 type RoomWriteResult struct {
 	Change
-	// NewlyStale are remote users whose device lists are now tracked.
+	// NewlyStale are remote users now tracked whose lists, cached while
+	// they were not, must be fetched again.
 	NewlyStale []StaleUser
 	// PDUsQueued says events were queued for other servers: the sender
 	// has work.
 	PDUsQueued bool
+	// DeviceUpdatesQueued says a local user's devices were queued for
+	// servers that newly share a room with them (a join).
+	DeviceUpdatesQueued bool
 	// Head and StateSnapshot are the room's after the write (Room's).
 	Head, StateSnapshot int64
 }

@@ -220,6 +220,9 @@ type RemoteDeviceList struct {
 type MembershipResult struct {
 	Change
 	NewlyStale []StaleUser
+	// DeviceUpdatesQueued says a local user's devices were queued for
+	// servers that newly share a room with them: the sender has work.
+	DeviceUpdatesQueued bool
 }
 
 // RemoteDeviceUpdate is a checked m.device_list_update.

@@ -180,6 +180,9 @@ type txn struct {
 	lookedUp map[string]bool
 	// notified: the stream notification is sent already (notifyEarly).
 	notified bool
+	// deviceUpdatesQueued: device-list updates were queued for other
+	// servers (announceDevices); the sender has work.
+	deviceUpdatesQueued bool
 }
 
 // concern adds local users the transaction's changes concern.

@@ -21,6 +21,7 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 	var res storage.RoomWriteResult
 	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.RoomWriteResult{}
+		defer func() { res.DeviceUpdatesQueued = tx.deviceUpdatesQueued }()
 		current, depth, have, err := s.txLockRoom(ctx, tx, in.RoomID)
 		switch {
 		case errors.Is(err, storage.ErrNotFound) && in.Create != nil:

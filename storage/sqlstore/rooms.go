@@ -36,6 +36,7 @@ func (s *Store) WriteRoomEvents(ctx context.Context, w storage.RoomWrite) (_ sto
 func (s *Store) roomWrite(ctx context.Context, w storage.RoomWrite, res *storage.RoomWriteResult) func(tx *txn) error {
 	return func(tx *txn) error {
 		*res = storage.RoomWriteResult{}
+		defer func() { res.DeviceUpdatesQueued = tx.deviceUpdatesQueued }()
 		head := w.NewHead
 		if head == 0 {
 			head = storage.NewRoomHead()

@@ -98,17 +98,19 @@ func (s *Store) userList(ctx context.Context, query string, params ...any) ([]st
 
 // SetMembership records a user's membership of a room. Setting the
 // membership it already has changes nothing. A join starts tracking the
-// remote users who now share a room with a local user and had no cached
-// list (they are marked stale, to be fetched); a leave stops tracking the
-// remote users who no longer share any room with a local user (their
-// cache is dropped: their server stops sending us their changes).
+// remote users who now share a room with a local user: their lists are
+// fetched when a local client first needs them (see txSetMemberships); a
+// local user's join queues their devices for the servers of the room that
+// did not share a room with them; a leave stops tracking the remote users
+// who no longer share any room with a local user (their cache is dropped:
+// their server stops sending us their changes).
 func (s *Store) SetMembership(ctx context.Context, roomID, userID, membership string, now int64) (_ storage.MembershipResult, err error) {
 	defer named("SetMembership", &err)
 	var res storage.MembershipResult
 	ch, err := s.writeChange(ctx, func(tx *txn) error {
 		res = storage.MembershipResult{}
 		stale, err := s.txSetMembership(ctx, tx, roomID, userID, membership, now)
-		res.NewlyStale = stale
+		res.NewlyStale, res.DeviceUpdatesQueued = stale, tx.deviceUpdatesQueued
 		return err
 	})
 	res.Change = ch
@@ -136,14 +138,19 @@ type memberMove struct {
 // federation brings thousands of member events at once, and on
 // PostgreSQL the write holds the stream's counter meanwhile. A move to
 // the membership a user has changes nothing; the others share one stream
-// position. Tracking starts (the user is marked stale, to be fetched)
-// for the remote users who now share a room with a local user and either
-// did not before the write (a list cached while they shared none, for a
-// query, was not kept up to date) or had no cached list, among those who
-// joined or were invited and, when a local user joined or was invited,
-// the room's remote members; it stops for those who share no room with a
-// local user any more, among those who left and, when a local user left,
-// the room's remote members. With later, the changed rows get no stream
+// position. Tracking starts for the remote users who now share a room
+// with a local user and did not before the write, among those who joined
+// or were invited and, when a local user joined or was invited, the
+// room's remote members. Starting fetches nothing: a list is fetched when
+// a local client first needs it (a /keys/query or a claim), so that
+// joining a room of thousands of remote users sends no request for
+// them, and only a list cached meanwhile (for a query, while they shared
+// no room here) is marked stale: their server did not send us its
+// changes. Tracking stops for those who share no room with a local user
+// any more, among those who left and, when a local user left, the room's
+// remote members. A local user who joined or was invited is announced
+// (announceDevices) to the servers of the room's members that shared no
+// room with them before. With later, the changed rows get no stream
 // position (0): the caller gives them one after (PostgreSQL's room writes
 // take their positions last, placeLast), and gets their users.
 func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, moves []memberMove, now int64, later bool) (_ []storage.StaleUser, changedUsers []string, _ error) {
@@ -189,6 +196,7 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 	}
 	var changed []memberMove
 	var localSharing, localLeft bool
+	var localJoiners []string
 	var remoteSharing, remoteLeft []any
 	for _, m := range moves {
 		if old[m.userID] == m.membership {
@@ -199,6 +207,7 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 		switch local := strings.HasSuffix(m.userID, ":"+s.serverName); {
 		case local && sharing:
 			localSharing = true
+			localJoiners = append(localJoiners, m.userID)
 		case local:
 			localLeft = true
 		case sharing:
@@ -255,31 +264,24 @@ func (s *Store) txSetMemberships(ctx context.Context, tx *txn, roomID string, mo
 	var start, stop, sharing []string
 	if localSharing {
 		// Every remote member of the room now shares it with a local user.
-		if start, err = s.txUserList(ctx, tx, untrackedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
-			return nil, nil, err
-		}
 		if sharing, err = s.txUserList(ctx, tx, remoteMembersQuery, roomID, s.localPattern()); err != nil {
 			return nil, nil, err
 		}
 	} else if len(remoteSharing) > 0 {
-		if start, err = s.txListedUsers(ctx, tx, untrackedSharingMoversQuery, roomID, remoteSharing); err != nil {
-			return nil, nil, err
-		}
 		if sharing, err = s.txListedUsers(ctx, tx, sharingMoversQuery, roomID, remoteSharing); err != nil {
 			return nil, nil, err
 		}
 	}
-	if len(sharing) > 0 {
-		starting := make(map[string]bool, len(start))
-		for _, u := range start {
-			starting[u] = true
+	for _, u := range sharing {
+		if !sharedBefore[u] {
+			start = append(start, u)
 		}
-		for _, u := range sharing {
-			if !sharedBefore[u] && !starting[u] {
-				starting[u] = true
-				start = append(start, u)
-			}
-		}
+	}
+	if start, err = s.txCachedRemoteUsers(ctx, tx, start); err != nil {
+		return nil, nil, err
+	}
+	if err := s.announceDevices(ctx, tx, roomID, localJoiners, sharing); err != nil {
+		return nil, nil, err
 	}
 	if localLeft {
 		if stop, err = s.txUserList(ctx, tx, unsharedRemoteMembersQuery, roomID, s.localPattern()); err != nil {
@@ -377,15 +379,7 @@ func markManyStale(ctx context.Context, tx *txn, users []storage.StaleUser, now 
 
 // The queries of txSetMemberships. A user in m.user_id shares a room
 // with a local user (one matching the pattern $2) when some room has both
-// joined or invited; they are tracked when their device list is cached
-// or waiting to be fetched.
-
-// untrackedRemoteMembersQuery lists the remote users joined to or invited
-// into room $1 (users not matching $2) who are not tracked.
-const untrackedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
-	WHERE m.room_id = $1 AND m.membership IN ('join', 'invite') AND m.user_id NOT LIKE $2
-	AND NOT EXISTS (SELECT 1 FROM remote_device_lists r WHERE r.user_id = m.user_id)
-	AND NOT EXISTS (SELECT 1 FROM stale_device_lists st WHERE st.user_id = m.user_id)`
+// joined or invited.
 
 // remoteMembersQuery lists the remote users joined to or invited into
 // room $1.
@@ -422,17 +416,6 @@ const unsharedRemoteMembersQuery = `SELECT m.user_id FROM memberships m
 		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
 		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)`
 
-// untrackedSharingMoversQuery lists the remote users LISTED, joined to or
-// invited into room $1, who share a room with a local user and are not
-// tracked.
-const untrackedSharingMoversQuery = `SELECT m.user_id FROM memberships m
-	WHERE m.room_id = $1 AND m.user_id NOT LIKE $2 AND m.user_id IN (LISTED) AND m.membership IN ('join', 'invite')
-	AND EXISTS (SELECT 1 FROM memberships theirs JOIN memberships ours ON ours.room_id = theirs.room_id
-		WHERE theirs.user_id = m.user_id AND theirs.membership IN ('join', 'invite')
-		AND ours.membership IN ('join', 'invite') AND ours.user_id LIKE $2)
-	AND NOT EXISTS (SELECT 1 FROM remote_device_lists r WHERE r.user_id = m.user_id)
-	AND NOT EXISTS (SELECT 1 FROM stale_device_lists st WHERE st.user_id = m.user_id)`
-
 // unsharedMoversQuery lists the remote users LISTED, members of room $1
 // (who left it), who share no room with a local user.
 const unsharedMoversQuery = `SELECT m.user_id FROM memberships m
@@ -466,3 +449,123 @@ func (s *Store) txUserList(ctx context.Context, tx *txn, query string, params ..
 	}
 	return out, rows.Err()
 }
+
+// txCachedRemoteUsers returns those of users whose device list is cached.
+func (s *Store) txCachedRemoteUsers(ctx context.Context, tx *txn, users []string) ([]string, error) {
+	var out []string
+	for chunk := range slices.Chunk(users, maxUsersPerStatement) {
+		ids := make([]any, len(chunk))
+		for i, u := range chunk {
+			ids[i] = u
+		}
+		got, err := s.txUserList(ctx, tx, `SELECT user_id FROM remote_device_lists WHERE user_id IN (`+placeholders(1, len(chunk))+`)`, ids...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
+// announceDevices queues the current devices of the local users who
+// joined (or were invited into) room roomID for the servers of its remote
+// members (remoteMembers) that shared no other room with them, and so were
+// not receiving their device-list updates: as the spec asks, a server
+// that newly shares a room with a user is told of the user's devices. Each
+// device goes with its newest change; the prev_id the sender gives it
+// (PendingUpdates) is one the destination has not seen, so a server that
+// holds no list of the user fetches it, and one whose copy is older
+// refreshes it.
+func (s *Store) announceDevices(ctx context.Context, tx *txn, roomID string, joiners, remoteMembers []string) error {
+	if len(joiners) == 0 || len(remoteMembers) == 0 {
+		return nil
+	}
+	roomServers := map[string]bool{}
+	for _, u := range remoteMembers {
+		if _, server, ok := strings.Cut(u, ":"); ok {
+			roomServers[server] = true
+		}
+	}
+	for _, userID := range joiners {
+		// The servers sharing another room with the user already receive
+		// its updates.
+		others, err := s.txUserList(ctx, tx, otherRoomsRemoteMatesQuery, userID, roomID, s.localPattern())
+		if err != nil {
+			return err
+		}
+		receiving := map[string]bool{}
+		for _, u := range others {
+			if _, server, ok := strings.Cut(u, ":"); ok {
+				receiving[server] = true
+			}
+		}
+		var dests []string
+		for server := range roomServers {
+			if !receiving[server] {
+				dests = append(dests, server)
+			}
+		}
+		if len(dests) == 0 {
+			continue
+		}
+		sort.Strings(dests)
+		type device struct {
+			id  string
+			pos int64
+		}
+		var devices []device
+		rows, err := tx.QueryContext(ctx, `SELECT c.device_id, MAX(c.pos) FROM device_list_changes c
+			JOIN devices d ON d.user_id = c.user_id AND d.device_id = c.device_id
+			WHERE c.user_id = $1 GROUP BY c.device_id`, userID)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var d device
+			if err := rows.Scan(&d.id, &d.pos); err != nil {
+				rows.Close()
+				return err
+			}
+			devices = append(devices, d)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(devices) == 0 {
+			continue
+		}
+		var params []any
+		flush := func() error {
+			if len(params) == 0 {
+				return nil
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO outbound_device_updates (destination, user_id, device_id, stream_id) VALUES `+
+				valueRows(len(params)/4, 4)+` ON CONFLICT (destination, user_id, device_id) DO NOTHING`, params...)
+			params = params[:0]
+			return err
+		}
+		for _, dest := range dests {
+			for _, d := range devices {
+				params = append(params, dest, userID, d.id, d.pos)
+				if len(params) >= 4*(maxUsersPerStatement/4) {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if err := flush(); err != nil {
+			return err
+		}
+		tx.deviceUpdatesQueued = true
+	}
+	return nil
+}
+
+// otherRoomsRemoteMatesQuery lists the remote users (not matching $3)
+// who share a room other than $2 with user $1.
+const otherRoomsRemoteMatesQuery = `SELECT DISTINCT theirs.user_id FROM memberships mine
+	JOIN memberships theirs ON theirs.room_id = mine.room_id
+	WHERE mine.user_id = $1 AND mine.room_id <> $2 AND mine.membership IN ('join', 'invite')
+	AND theirs.membership IN ('join', 'invite') AND theirs.user_id NOT LIKE $3`
