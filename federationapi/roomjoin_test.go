@@ -109,6 +109,7 @@ func TestRemoteInviteAndJoin(t *testing.T) {
 		}
 
 		p.b.Must(t, "POST", "/_matrix/client/v3/join/"+url.PathEscape(roomID), p.bob.Token, map[string]any{})
+		queuesDrained(t, p.a, p.b) // B announced bob's devices to A
 		if got := joinedMembers(t, p.b, p.bob, roomID); !equalStrings(got, p.alice.UserID, p.bob.UserID) {
 			t.Fatalf("B's joined members %v", got)
 		}

@@ -247,7 +247,11 @@ type ApplyOutcome int
 const (
 	Applied    ApplyOutcome = iota // the change is in the cache
 	Duplicate                      // seen before: nothing to do
-	NeedResync                     // a gap (or no cache): the user was marked stale
+	NeedResync                     // a gap: the user was marked stale
+	// NotCached: no list of the user is cached, so there is nothing to
+	// apply the update to; it is a change for the local users sharing a
+	// room with the user, whose clients fetch the list when they need it.
+	NotCached
 )
 
 // ApplyResult is the outcome of an update and the position of the change

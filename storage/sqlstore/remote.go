@@ -259,8 +259,8 @@ func (s *Store) ReplaceRemoteDeviceList(ctx context.Context, list storage.Remote
 			return err
 		}
 		// A list seen for the first time is news to nobody: no client can
-		// have fetched it from us before (an update that made us fetch it
-		// was recorded as a change when it came).
+		// have fetched it from us before (an update that came before it
+		// was recorded as a change then).
 		if known == 0 {
 			return nil
 		}
@@ -443,14 +443,12 @@ func (s *Store) ApplyRemoteDeviceUpdate(ctx context.Context, u storage.RemoteDev
 		var current int64
 		err := tx.QueryRowContext(ctx, `SELECT stream_id FROM remote_device_lists WHERE user_id = $1`+s.d.forUpdate, u.UserID).Scan(&current)
 		if err == sql.ErrNoRows {
-			// No list is cached (it is fetched when a client first needs
-			// it): fetch it now, and tell the local users sharing a room
-			// with the user of the change at once; the fetch, a first one,
-			// records none.
-			res.Outcome = storage.NeedResync
-			if err := markStale(ctx, tx, u.UserID, serverName, 0, u.ResyncHoldUntil); err != nil {
-				return err
-			}
+			// No list is cached: it is fetched when a local client first
+			// needs it, not on an update (a server announcing a user who
+			// joined a large room would otherwise be sent a request by
+			// every server of the room). The local users sharing a room
+			// with the user are told of the change, so their clients ask.
+			res.Outcome = storage.NotCached
 			_, err := s.recordRemoteChange(ctx, tx, u.UserID, u.DeviceID, u.Deleted)
 			return err
 		}

@@ -64,9 +64,23 @@ func TestResyncHolds(t *testing.T) {
 			t.Fatalf("after the resync: held %v, stale %v", held, stale)
 		}
 
+		// An update about a user whose list is not cached marks nothing:
+		// the list is fetched when a client needs it. It is a change.
+		res, err := s.ApplyRemoteDeviceUpdate(ctx, storage.RemoteDeviceUpdate{UserID: "@v:r", DeviceID: "D", StreamID: 5,
+			PrevIDs: []int64{4}, ResyncHoldUntil: 900})
+		if err != nil || res.Outcome != storage.NotCached || res.Pos == 0 {
+			t.Fatalf("update of an uncached list: %+v %v", res, err)
+		}
+		if _, ok, err := s.StaleEntry(ctx, "@v:r"); err != nil || ok {
+			t.Fatalf("an uncached list marked stale: %v %v", ok, err)
+		}
+
 		// An update that does not follow the cache marks the user stale
 		// and holds it for its receiver.
-		res, err := s.ApplyRemoteDeviceUpdate(ctx, storage.RemoteDeviceUpdate{UserID: "@v:r", DeviceID: "D", StreamID: 5,
+		if _, err := s.ReplaceRemoteDeviceList(ctx, storage.RemoteDeviceList{UserID: "@v:r", StreamID: 1}, "r"); err != nil {
+			t.Fatal(err)
+		}
+		res, err = s.ApplyRemoteDeviceUpdate(ctx, storage.RemoteDeviceUpdate{UserID: "@v:r", DeviceID: "D", StreamID: 5,
 			PrevIDs: []int64{4}, ResyncHoldUntil: 900})
 		if err != nil || res.Outcome != storage.NeedResync {
 			t.Fatalf("update: %+v %v", res, err)
