@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/fclient"
@@ -174,4 +175,15 @@ func (c *Client) PublicRooms(ctx context.Context, dest string, body any, query u
 	}
 	err := c.Do(ctx, "GET", dest, path, nil, &out)
 	return out, err
+}
+
+// Backfill asks for a room's events from the events from and before
+// them, up to limit (GET /backfill/{roomId}).
+func (c *Client) Backfill(ctx context.Context, dest, roomID string, from []string, limit int) ([]json.RawMessage, error) {
+	q := url.Values{"v": from, "limit": {strconv.Itoa(limit)}}
+	var out struct {
+		PDUs []json.RawMessage `json:"pdus"`
+	}
+	err := c.Do(ctx, "GET", dest, "/_matrix/federation/v1/backfill/"+url.PathEscape(roomID)+"?"+q.Encode(), nil, &out)
+	return out.PDUs, err
 }

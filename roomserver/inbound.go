@@ -39,14 +39,17 @@ type RemoteEvents interface {
 	MissingEvents(ctx context.Context, dest, roomID string, earliest, latest []string, limit int, minDepth int64) ([]json.RawMessage, error)
 	// StateIDs asks for the state before an event (/state_ids).
 	StateIDs(ctx context.Context, dest, roomID, eventID string) (stateIDs, authChainIDs []string, err error)
+	// Backfill asks for the events from and before them (/backfill).
+	Backfill(ctx context.Context, dest, roomID string, from []string, limit int) ([]json.RawMessage, error)
 }
 
 const (
 	// maxFetched bounds the events fetched for one incoming PDU (auth
 	// events, missing events, state).
 	maxFetched = 500
-	// missingEventsLimit is the limit of one /get_missing_events.
-	missingEventsLimit = 20
+	// missingEventsLimit is the limit of one /get_missing_events (as
+	// Synapse asks).
+	missingEventsLimit = 10
 	// maxPrevEvents and maxAuthEvents bound a PDU's references (the
 	// spec's limits).
 	maxPrevEvents = 20
@@ -214,7 +217,7 @@ func (s *Service) storeRejected(ctx context.Context, ev gomatrixserverlib.PDU) {
 // those missing from origin.
 func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int) error {
 	ids := ev.AuthEventIDs()
-	stored, err := s.eventsByID(ctx, origin, ev.Version(), ids, budget)
+	stored, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), ids, budget)
 	if err != nil {
 		return err
 	}
@@ -242,8 +245,10 @@ func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatri
 
 // eventsByID returns the stored events ids, fetching from origin and
 // storing as outliers those missing (each checked in turn against its own
-// auth events). An event that cannot be had is an error.
-func (s *Service) eventsByID(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, ids []string, budget *int) ([]storage.RoomEvent, error) {
+// auth events). An event that cannot be had is an error; one fetched
+// that is of another room than roomID rejects the event it was fetched
+// for.
+func (s *Service) eventsByID(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, roomID string, ids []string, budget *int) ([]storage.RoomEvent, error) {
 	stored, err := s.db.RoomEventsByID(ctx, ids)
 	if err != nil {
 		return nil, err
@@ -256,7 +261,7 @@ func (s *Service) eventsByID(ctx context.Context, origin string, version gomatri
 		if have[id] {
 			continue
 		}
-		e, err := s.fetchOutlier(ctx, origin, version, id, budget)
+		e, err := s.fetchOutlier(ctx, origin, version, roomID, id, budget)
 		if err != nil {
 			return nil, err
 		}
@@ -269,7 +274,7 @@ func (s *Service) eventsByID(ctx context.Context, origin string, version gomatri
 // fetchOutlier fetches one event from origin, checks it against its own
 // auth events (fetched in turn) and stores it as an outlier, rejected if
 // it fails them.
-func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, id string, budget *int) (storage.RoomEvent, error) {
+func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, roomID, id string, budget *int) (storage.RoomEvent, error) {
 	if *budget <= 0 {
 		return storage.RoomEvent{}, fmt.Errorf("event %s is missing and too many events were fetched already", id)
 	}
@@ -280,6 +285,13 @@ func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomat
 	raw, err := s.opts.Remote.GetEvent(ctx, origin, id)
 	if err != nil {
 		return storage.RoomEvent{}, fmt.Errorf("event %s is missing and could not be fetched: %v", id, err)
+	}
+	var head struct {
+		RoomID string `json:"room_id"`
+	}
+	if json.Unmarshal(raw, &head) == nil && head.RoomID != roomID {
+		// Not stored: this server may not know that room at all.
+		return storage.RoomEvent{}, errRejected{"event " + id + " is of another room"}
 	}
 	ev, err := gomatrixserverlib.MustGetRoomVersion(version).NewEventFromUntrustedJSON(raw)
 	if err != nil {
@@ -457,10 +469,10 @@ func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixser
 	if err != nil {
 		return priorState{}, fmt.Errorf("prev_events are missing and the state before the event could not be fetched: %v", err)
 	}
-	if _, err := s.eventsByID(ctx, origin, ev.Version(), authIDs, budget); err != nil {
+	if _, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), authIDs, budget); err != nil {
 		return priorState{}, err
 	}
-	stored, err := s.eventsByID(ctx, origin, ev.Version(), stateIDs, budget)
+	stored, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), stateIDs, budget)
 	if err != nil {
 		return priorState{}, err
 	}

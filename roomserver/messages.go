@@ -50,6 +50,9 @@ const (
 // with an end token rather than one request that reads the whole room.
 const messagesScans = 5
 
+// maxMessagesBackfills bounds the backfills one /messages request makes.
+const maxMessagesBackfills = 2
+
 // RoomEventFilter is the part of a room event filter /messages, /context
 // and /sync timelines apply;
 // other fields are accepted and ignored. In types and not_types a "*"
@@ -189,7 +192,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 		if t.tok == "" {
 			continue
 		}
-		p, err := streamtoken.Parse(t.param, t.tok)
+		p, err := streamtoken.ParsePage(t.param, t.tok)
 		if err != nil {
 			return MessagesResponse{}, err
 		}
@@ -210,6 +213,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			from = &cur
 		}
 		start, high = *from, min(*from, r.upTo)
+		low = math.MinInt64 // history backfilled lies below 0
 		if to != nil {
 			low = *to
 		}
@@ -223,6 +227,13 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 		}
 	}
 	out := MessagesResponse{Start: streamtoken.Format(start), Chunk: []ClientEvent{}}
+	// Paging back past the room's first event here, without a to token,
+	// asks the room's servers for the history before it (backfill.go),
+	// at most maxMessagesBackfills times a request.
+	backfills, backfilled := 0, false
+	if !backward || to != nil {
+		backfills = maxMessagesBackfills
+	}
 	for scan := 0; scan < messagesScans && low < high; scan++ {
 		want := limit - len(out.Chunk)
 		page, err := s.db.RoomMessages(ctx, req.RoomID, low, high, want, !backward)
@@ -243,16 +254,36 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			return MessagesResponse{}, err
 		}
 		out.Chunk = append(out.Chunk, evs...)
+		if len(page) > 0 {
+			if last := page[len(page)-1].Pos; backward {
+				high = last - 1
+			} else {
+				low = last
+			}
+		}
 		if len(page) < want {
-			out.End = "" // the range is read to its end
+			// The range is read to its end; backwards, the history
+			// before it may be had from the room's servers.
+			if backfills < maxMessagesBackfills {
+				backfills++
+				n, err := s.backfill(ctx, req.RoomID, limit)
+				if err != nil {
+					return MessagesResponse{}, err
+				}
+				if backfilled = n > 0; backfilled {
+					out.End = streamtoken.Format(high) // it lies below what was read
+					continue
+				}
+			}
+			if !backfilled {
+				out.End = ""
+			}
 			break
 		}
 		// More may follow what this page read.
-		if last := page[len(page)-1].Pos; backward {
-			high = last - 1
+		if backward {
 			out.End = streamtoken.Format(high)
 		} else {
-			low = last
 			out.End = streamtoken.Format(low)
 		}
 		if len(out.Chunk) >= limit {

@@ -104,6 +104,7 @@ type Store interface {
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
 	RoomEventsByID(ctx context.Context, ids []string) ([]storage.RoomEvent, error)
 	RoomMinDepth(ctx context.Context, roomID string) (int64, error)
+	RoomLowestPos(ctx context.Context, roomID string) (storage.StreamPos, error)
 	RoomStateAfter(ctx context.Context, eventID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 	IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (storage.RoomWriteResult, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
@@ -159,6 +160,8 @@ type Service struct {
 	db    Store
 	opts  Options
 	pipes sync.Map // room ID -> *roomPipe: the room's local writes
+	// backfills holds a lock per room for its backfills (backfill.go).
+	backfills sync.Map
 	// states keeps state read for building events.
 	states stateCache
 	// profiles fill local users' member events (SetProfiles); nil: none.
