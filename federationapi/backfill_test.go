@@ -114,6 +114,18 @@ func TestBackfillFromPeer(t *testing.T) {
 		if p.served("backfill") != asked {
 			t.Fatalf("backfill asked %d times, then %d", asked, p.served("backfill"))
 		}
+		// /context around a backfilled event reads its neighbours.
+		c := n.Must(t, "GET", rpath(p.roomID, "/context/"+url.PathEscape(want[10])+"?limit=4"), alice.Token, nil)
+		ctxIDs := func(key string) []string {
+			var ids []string
+			for _, ev := range asList(c[key]) {
+				ids = append(ids, ev.(map[string]any)["event_id"].(string))
+			}
+			return ids
+		}
+		if b, a := ctxIDs("events_before"), ctxIDs("events_after"); !slices.Equal(b, want[11:13]) || !slices.Equal(a, []string{want[9], want[8]}) {
+			t.Fatalf("/context: before %v after %v, want %v and %v", b, a, want[11:13], []string{want[9], want[8]})
+		}
 		// What was backfilled is served on in turn.
 		ans := fedMust(t, n, asOrigin(p.Origin), "GET", fedV1+"/backfill/"+url.PathEscape(p.roomID)+"?limit=100&v="+url.QueryEscape(want[0]), nil)
 		if pdus, _ := ans["pdus"].([]any); len(pdus) != len(want) {

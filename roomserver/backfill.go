@@ -232,9 +232,12 @@ func (s *Service) receiveHistory(ctx context.Context, origin string, ev gomatrix
 		}
 		return false, err
 	}
-	before, err := s.stateBefore(ctx, origin, ev, budget, false)
-	if err != nil {
-		return false, err
+	before := priorState{ids: []string{}} // the create event: nothing before it
+	if len(ev.PrevEventIDs()) > 0 {
+		var err error
+		if before, err = s.stateBefore(ctx, origin, ev, budget, false); err != nil {
+			return false, err
+		}
 	}
 	ae, err := authEventsFrom(before.events)
 	if err == nil {

@@ -226,7 +226,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			high = min(high, *to)
 		}
 	}
-	out := MessagesResponse{Start: streamtoken.Format(start), Chunk: []ClientEvent{}}
+	out := MessagesResponse{Start: streamtoken.FormatPage(start), Chunk: []ClientEvent{}}
 	// Paging back past the room's first event here, without a to token,
 	// asks the room's servers for the history before it (backfill.go),
 	// at most maxMessagesBackfills times a request.
@@ -271,7 +271,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 					return MessagesResponse{}, err
 				}
 				if backfilled = n > 0; backfilled {
-					out.End = streamtoken.Format(high) // it lies below what was read
+					out.End = streamtoken.FormatPage(high) // it lies below what was read
 					continue
 				}
 			}
@@ -282,9 +282,9 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 		}
 		// More may follow what this page read.
 		if backward {
-			out.End = streamtoken.Format(high)
+			out.End = streamtoken.FormatPage(high)
 		} else {
-			out.End = streamtoken.Format(low)
+			out.End = streamtoken.FormatPage(low)
 		}
 		if len(out.Chunk) >= limit {
 			break
@@ -367,7 +367,7 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 	} else if !ok {
 		return ContextResponse{}, mxerr.NotFound("unknown event %s", req.EventID)
 	}
-	out := ContextResponse{Start: streamtoken.Format(ev.Pos - 1), End: streamtoken.Format(ev.Pos)}
+	out := ContextResponse{Start: streamtoken.FormatPage(ev.Pos - 1), End: streamtoken.FormatPage(ev.Pos)}
 	// around reads up to n events on one side and keeps those the filter
 	// and visibility let through; the token moves past all it read.
 	around := func(low, high storage.StreamPos, n int, forward bool) ([]ClientEvent, *storage.StreamPos, error) {
@@ -391,7 +391,7 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		last := page[len(page)-1].Pos
 		return orEmpty(evs), &last, err
 	}
-	before, oldest, err := around(0, ev.Pos-1, limit/2, false)
+	before, oldest, err := around(math.MinInt64, ev.Pos-1, limit/2, false)
 	if err != nil {
 		return ContextResponse{}, err
 	}
@@ -400,11 +400,11 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		return ContextResponse{}, err
 	}
 	if oldest != nil {
-		out.Start = streamtoken.Format(*oldest - 1)
+		out.Start = streamtoken.FormatPage(*oldest - 1)
 	}
 	last := ev.Pos
 	if newest != nil {
-		out.End, last = streamtoken.Format(*newest), *newest
+		out.End, last = streamtoken.FormatPage(*newest), *newest
 	}
 	p, err := pdu(ev)
 	if err != nil {
