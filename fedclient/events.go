@@ -48,6 +48,17 @@ func (c *Client) StateIDs(ctx context.Context, dest, roomID, eventID string) (st
 	return out.StateEventIDs, out.AuthEventIDs, err
 }
 
+// State asks for the state of a room before an event and its auth chain
+// (GET /state).
+func (c *Client) State(ctx context.Context, dest, roomID, eventID string) (state, authChain []json.RawMessage, err error) {
+	var out struct {
+		PDUs      []json.RawMessage `json:"pdus"`
+		AuthChain []json.RawMessage `json:"auth_chain"`
+	}
+	err = c.Do(ctx, "GET", dest, "/_matrix/federation/v1/state/"+url.PathEscape(roomID)+"?event_id="+url.QueryEscape(eventID), nil, &out)
+	return out.PDUs, out.AuthChain, err
+}
+
 // MakeJoin asks a resident server for a join event template, offering
 // the room versions versions (GET /make_join).
 func (c *Client) MakeJoin(ctx context.Context, dest, roomID, userID string, versions []string) (gomatrixserverlib.MakeJoinResponse, error) {

@@ -3,9 +3,13 @@ package federationapi_test
 import (
 	"database/sql"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"testing"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 )
@@ -118,5 +122,62 @@ func TestGapLongerThanMissingEventsBetweenDaemons(t *testing.T) {
 		if state["m.room.topic|"] != lost[0] {
 			t.Fatalf("B's topic %q, want %s", state["m.room.topic|"], lost[0])
 		}
+	})
+}
+
+// A gap get_missing_events does not fill, crossed with the state the
+// sender gives: when the daemon misses a tenth or more of the events
+// /state_ids names, they come in one /state; fewer come one by one with
+// /event. Either way the daemon's state is the peer's, and the event
+// reaches /sync.
+func TestGmslPeerGapCrossedWithState(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		empty := ""
+		join := func(p *gmslPeer, name string) gomatrixserverlib.PDU {
+			u := p.user(name)
+			return p.add(peerEvent{Sender: u, Type: spec.MRoomMember, StateKey: &u, Content: map[string]any{"membership": spec.Join}})
+		}
+		cross := func(t *testing.T, p *gmslPeer) {
+			t.Helper()
+			since := syncToken(t, n, alice)
+			msg := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("across")})
+			p.sendEvents(t, n, msg)
+			if p.served("get_missing_events") != 1 || p.served("state_ids") != 1 {
+				t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+			}
+			if tl, _ := roomTimeline(t, n, alice, p.roomID, since); !slices.Equal(timelineIDs(tl), []string{msg.EventID()}) {
+				t.Fatalf("timeline %v, want only %s", timelineIDs(tl), msg.EventID())
+			}
+			if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
+				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+			}
+		}
+		t.Run("many missing: /state", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			p.answerNoMissingEvents()
+			for i := range 6 {
+				join(p, fmt.Sprint("carol", i))
+			}
+			p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "missed"}})
+			cross(t, p)
+			if p.served("state") != 1 || p.served("event") != 0 {
+				t.Fatalf("state %d, event %d", p.served("state"), p.served("event"))
+			}
+		})
+		t.Run("few missing: /event", func(t *testing.T) {
+			p := joinedPeer(t, n, alice, v)
+			var known []gomatrixserverlib.PDU
+			for i := range 12 {
+				known = append(known, join(p, fmt.Sprint("dave", i)))
+			}
+			p.sendEvents(t, n, known...)
+			p.answerNoMissingEvents()
+			p.add(peerEvent{Sender: p.creator, Type: spec.MRoomTopic, StateKey: &empty, Content: map[string]any{"topic": "missed"}})
+			cross(t, p)
+			if p.served("state") != 0 || p.served("event") != 1 {
+				t.Fatalf("state %d, event %d", p.served("state"), p.served("event"))
+			}
+		})
 	})
 }

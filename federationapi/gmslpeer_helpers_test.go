@@ -517,6 +517,21 @@ func (p *gmslPeer) serve() {
 		state := p.stateAt(ev.PrevEventIDs()).list()
 		writeJSON(w, map[string]any{"pdu_ids": eventIDs(state), "auth_chain_ids": eventIDs(p.authChain(state))})
 	})
+	mux.HandleFunc("GET /_matrix/federation/v1/state/{roomId}", func(w http.ResponseWriter, r *http.Request) {
+		if p.verify(w, r) == nil {
+			return
+		}
+		p.count("state")
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		ev := p.events[r.URL.Query().Get("event_id")]
+		if ev == nil || r.PathValue("roomId") != p.roomID {
+			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown event"})
+			return
+		}
+		state := p.stateAt(ev.PrevEventIDs()).list()
+		writeJSON(w, map[string]any{"pdus": rawEvents(state...), "auth_chain": rawEvents(p.authChain(state)...)})
+	})
 	mux.HandleFunc("POST /_matrix/federation/v1/get_missing_events/{roomId}", p.missingEvents)
 	mux.HandleFunc("GET /_matrix/federation/v1/backfill/{roomId}", p.backfill)
 	mux.HandleFunc("PUT /_matrix/federation/v1/send/{txnId}", p.receive)

@@ -71,7 +71,9 @@
 //
 // Other servers read events, the state before an event with its auth
 // chain, missing events and history (fedread.go, with the rule of who may
-// read), and resolve our aliases; aliases of other servers are asked of
+// read), and resolve our aliases; the history before this server's
+// first event of a room joined over federation is asked of the room's
+// servers when a client pages back to it (backfill.go); aliases of other servers are asked of
 // them through Options.Federation (federation.go).
 package roomserver
 
