@@ -1,6 +1,9 @@
 package federationapi_test
 
 import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"database/sql"
 	"fmt"
 	"maps"
@@ -179,5 +182,46 @@ func TestGmslPeerGapCrossedWithState(t *testing.T) {
 				t.Fatalf("state %d, event %d", p.served("state"), p.served("event"))
 			}
 		})
+	})
+}
+
+// A server answering get_missing_events newest first, with events slipped
+// in (badly signed, of another room, failing the auth rules): the missing
+// events are taken all the same, oldest first, with no state fetched; the
+// forged event and the other room's are not kept, the one the auth rules
+// refuse is kept as rejected, and none reaches /sync.
+func TestGmslPeerMisbehavingMissingEvents(t *testing.T) {
+	forEachPeerVersion(t, func(t *testing.T, n *testutil.Node, v gomatrixserverlib.RoomVersion) {
+		alice := n.Register(t, "alice"+string(v), "")
+		p := joinedPeer(t, n, alice, v)
+		other := newGmslPeer(t, v)
+		_, otherKey, _ := ed25519.GenerateKey(rand.Reader)
+		forged := p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message("forged"), Key: otherKey, Detached: true})
+		mallory := p.add(peerEvent{Sender: p.user("mallory"), Type: "m.room.message", Content: message("let me in"),
+			Unchecked: true, Detached: true})
+		elsewhere := other.add(peerEvent{Sender: other.creator, Type: "m.room.message", Content: message("elsewhere")})
+		p.mu.Lock()
+		p.missingNewestFirst = true
+		p.missingExtra = rawEvents(forged, mallory, elsewhere)
+		p.mu.Unlock()
+		since := syncToken(t, n, alice)
+		var msgs []gomatrixserverlib.PDU
+		for _, body := range []string{"one", "two", "three", "four"} {
+			msgs = append(msgs, p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message(body)}))
+		}
+		p.sendEvents(t, n, msgs[3])
+		if tl, _ := roomTimeline(t, n, alice, p.roomID, since); !slices.Equal(timelineIDs(tl), eventIDs(msgs)) {
+			t.Fatalf("timeline %v, want %v", timelineIDs(tl), eventIDs(msgs))
+		}
+		if p.served("get_missing_events") != 1 || p.served("state_ids") != 0 {
+			t.Fatalf("get_missing_events %d, state_ids %d", p.served("get_missing_events"), p.served("state_ids"))
+		}
+		stored, err := n.Store.RoomEventsByID(context.Background(), []string{forged.EventID(), mallory.EventID(), elsewhere.EventID()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(stored) != 1 || stored[0].EventID != mallory.EventID() || !stored[0].Rejected {
+			t.Fatalf("stored %+v, want the non-member's message only, rejected", stored)
+		}
 	})
 }

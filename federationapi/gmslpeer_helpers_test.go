@@ -63,6 +63,10 @@ type gmslPeer struct {
 	// noMissingEvents answers every get_missing_events with no event;
 	// failMissingEvents with 500.
 	noMissingEvents, failMissingEvents bool
+	// missingNewestFirst answers get_missing_events newest first, and
+	// missingExtra is added to its answers (a misbehaving server).
+	missingNewestFirst bool
+	missingExtra       []json.RawMessage
 	// backfillExtra is added to every /backfill answer (events a
 	// misbehaving server slips in); failBackfill answers it 500.
 	backfillExtra []json.RawMessage
@@ -848,8 +852,8 @@ func (p *gmslPeer) missingEvents(w http.ResponseWriter, r *http.Request) {
 		out = append(out, ev)
 		next = append(next, ev.PrevEventIDs()...)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Depth() < out[j].Depth() })
-	writeJSON(w, map[string]any{"events": rawEvents(out...)})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Depth() < out[j].Depth() != p.missingNewestFirst })
+	writeJSON(w, map[string]any{"events": append(p.missingExtra, rawEvents(out...)...)})
 }
 
 // backfill walks back from the v events (included) over prev_events,
