@@ -184,37 +184,40 @@ func TestBackfillFromMisbehavingPeer(t *testing.T) {
 }
 
 // The room's servers are asked in turn: the room's creator's server
-// failing, the history comes from another of its servers.
+// failing or hanging, the history comes from another of its servers.
 func TestBackfillTriesServersInTurn(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
-		a := testutil.StartNode(t, testutil.SQLite(t), nil)
-		b := testutil.StartNode(t, db, nil)
-		v := gomatrixserverlib.RoomVersionV10
-		alice, bob := a.Register(t, "alice", ""), b.Register(t, "bob", "")
-		p := newGmslPeer(t, v)
-		joinPeerRoom(t, a, alice, p)
-		var msgs []gomatrixserverlib.PDU
-		for i := range 6 {
-			msgs = append(msgs, p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message(fmt.Sprint(i))}))
-		}
-		p.sendEvents(t, a, msgs...)
-		p.mu.Lock()
-		p.failBackfill = true
-		p.mu.Unlock()
-		joinPeerRoom(t, b, bob, p)
-		_, joins := p.handshakes()
-		bobJoin := joins[1].EventID()
-		p.sendEvents(t, a, joins[1]) // A serves servers in the room
-		// A's history starts at alice's join: B gets what A has.
-		want := p.history(bobJoin)
-		want = want[:slices.Index(want, joins[0].EventID())+1]
+		for _, mode := range []string{"fails", "hangs"} {
+			t.Run(mode, func(t *testing.T) {
+				a := testutil.StartNode(t, testutil.SQLite(t), nil)
+				b := testutil.StartNode(t, db, nil)
+				v := gomatrixserverlib.RoomVersionV10
+				alice, bob := a.Register(t, "alice", ""), b.Register(t, "bob", "")
+				p := newGmslPeer(t, v)
+				joinPeerRoom(t, a, alice, p)
+				var msgs []gomatrixserverlib.PDU
+				for i := range 6 {
+					msgs = append(msgs, p.add(peerEvent{Sender: p.creator, Type: "m.room.message", Content: message(fmt.Sprint(i))}))
+				}
+				p.sendEvents(t, a, msgs...)
+				p.mu.Lock()
+				p.failBackfill, p.hangBackfill = mode == "fails", mode == "hangs"
+				p.mu.Unlock()
+				joinPeerRoom(t, b, bob, p)
+				_, joins := p.handshakes()
+				p.sendEvents(t, a, joins[1]) // A serves servers in the room
+				// A's history starts at alice's join: B gets what A has.
+				want := p.history(joins[1].EventID())
+				want = want[:slices.Index(want, joins[0].EventID())+1]
 
-		got, _ := pageBack(t, b, bob, p.roomID, 4)
-		if !slices.Equal(got, want) {
-			t.Fatalf("/messages\n%v\nwant\n%v", got, want)
-		}
-		if p.served("backfill") == 0 {
-			t.Fatal("the room's creator's server was not asked first")
+				got, _ := pageBack(t, b, bob, p.roomID, 4)
+				if !slices.Equal(got, want) {
+					t.Fatalf("/messages\n%v\nwant\n%v", got, want)
+				}
+				if p.served("backfill") == 0 {
+					t.Fatal("the room's creator's server was not asked first")
+				}
+			})
 		}
 	})
 }

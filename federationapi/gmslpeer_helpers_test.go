@@ -71,6 +71,7 @@ type gmslPeer struct {
 	// misbehaving server slips in); failBackfill answers it 500.
 	backfillExtra []json.RawMessage
 	failBackfill  bool
+	hangBackfill  bool // holds /backfill unanswered until the request ends
 	// devicesAnswer, when set, answers /user/devices (status and body);
 	// otherwise every user has no devices.
 	devicesAnswer func(userID string) (int, any)
@@ -870,6 +871,11 @@ func (p *gmslPeer) backfill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.mu.Lock()
+	if p.hangBackfill {
+		p.mu.Unlock()
+		<-r.Context().Done()
+		return
+	}
 	defer p.mu.Unlock()
 	if p.failBackfill {
 		writeStatus(w, http.StatusInternalServerError, map[string]string{"errcode": "M_UNKNOWN", "error": "broken"})

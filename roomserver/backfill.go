@@ -148,7 +148,11 @@ func (s *Service) backfill(ctx context.Context, roomID string, limit int) (int, 
 	limit = min(max(limit, 1), MaxBackfill)
 	log := s.opts.Logger.WithField("room_id", roomID)
 	for _, server := range servers {
-		raws, err := s.opts.Remote.Backfill(ctx, server, roomID, from, limit)
+		// A server that hangs takes half of the time at most: the next
+		// is asked in the rest.
+		askCtx, cancelAsk := context.WithTimeout(ctx, s.opts.RemoteTimeout/2)
+		raws, err := s.opts.Remote.Backfill(askCtx, server, roomID, from, limit)
+		cancelAsk()
 		if err != nil {
 			log.WithError(err).WithField("server", server).Debug("backfill failed")
 			if ctx.Err() != nil {
