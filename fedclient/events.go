@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/fclient"
@@ -45,6 +46,17 @@ func (c *Client) StateIDs(ctx context.Context, dest, roomID, eventID string) (st
 	var out fclient.RespStateIDs
 	err = c.Do(ctx, "GET", dest, "/_matrix/federation/v1/state_ids/"+url.PathEscape(roomID)+"?event_id="+url.QueryEscape(eventID), nil, &out)
 	return out.StateEventIDs, out.AuthEventIDs, err
+}
+
+// State asks for the state of a room before an event and its auth chain
+// (GET /state).
+func (c *Client) State(ctx context.Context, dest, roomID, eventID string) (state, authChain []json.RawMessage, err error) {
+	var out struct {
+		PDUs      []json.RawMessage `json:"pdus"`
+		AuthChain []json.RawMessage `json:"auth_chain"`
+	}
+	err = c.Do(ctx, "GET", dest, "/_matrix/federation/v1/state/"+url.PathEscape(roomID)+"?event_id="+url.QueryEscape(eventID), nil, &out)
+	return out.PDUs, out.AuthChain, err
 }
 
 // MakeJoin asks a resident server for a join event template, offering
@@ -174,4 +186,15 @@ func (c *Client) PublicRooms(ctx context.Context, dest string, body any, query u
 	}
 	err := c.Do(ctx, "GET", dest, path, nil, &out)
 	return out, err
+}
+
+// Backfill asks for a room's events from the events from and before
+// them, up to limit (GET /backfill/{roomId}).
+func (c *Client) Backfill(ctx context.Context, dest, roomID string, from []string, limit int) ([]json.RawMessage, error) {
+	q := url.Values{"v": from, "limit": {strconv.Itoa(limit)}}
+	var out struct {
+		PDUs []json.RawMessage `json:"pdus"`
+	}
+	err := c.Do(ctx, "GET", dest, "/_matrix/federation/v1/backfill/"+url.PathEscape(roomID)+"?"+q.Encode(), nil, &out)
+	return out.PDUs, err
 }

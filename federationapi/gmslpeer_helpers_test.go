@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,6 +63,15 @@ type gmslPeer struct {
 	// noMissingEvents answers every get_missing_events with no event;
 	// failMissingEvents with 500.
 	noMissingEvents, failMissingEvents bool
+	// missingNewestFirst answers get_missing_events newest first, and
+	// missingExtra is added to its answers (a misbehaving server).
+	missingNewestFirst bool
+	missingExtra       []json.RawMessage
+	// backfillExtra is added to every /backfill answer (events a
+	// misbehaving server slips in); failBackfill answers it 500.
+	backfillExtra []json.RawMessage
+	failBackfill  bool
+	hangBackfill  bool // holds /backfill unanswered until the request ends
 	// devicesAnswer, when set, answers /user/devices (status and body);
 	// otherwise every user has no devices.
 	devicesAnswer func(userID string) (int, any)
@@ -512,7 +522,23 @@ func (p *gmslPeer) serve() {
 		state := p.stateAt(ev.PrevEventIDs()).list()
 		writeJSON(w, map[string]any{"pdu_ids": eventIDs(state), "auth_chain_ids": eventIDs(p.authChain(state))})
 	})
+	mux.HandleFunc("GET /_matrix/federation/v1/state/{roomId}", func(w http.ResponseWriter, r *http.Request) {
+		if p.verify(w, r) == nil {
+			return
+		}
+		p.count("state")
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		ev := p.events[r.URL.Query().Get("event_id")]
+		if ev == nil || r.PathValue("roomId") != p.roomID {
+			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown event"})
+			return
+		}
+		state := p.stateAt(ev.PrevEventIDs()).list()
+		writeJSON(w, map[string]any{"pdus": rawEvents(state...), "auth_chain": rawEvents(p.authChain(state)...)})
+	})
 	mux.HandleFunc("POST /_matrix/federation/v1/get_missing_events/{roomId}", p.missingEvents)
+	mux.HandleFunc("GET /_matrix/federation/v1/backfill/{roomId}", p.backfill)
 	mux.HandleFunc("PUT /_matrix/federation/v1/send/{txnId}", p.receive)
 	// The daemon tracks the device lists of the room's users: they have
 	// no devices unless the test says otherwise.
@@ -827,8 +853,68 @@ func (p *gmslPeer) missingEvents(w http.ResponseWriter, r *http.Request) {
 		out = append(out, ev)
 		next = append(next, ev.PrevEventIDs()...)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Depth() < out[j].Depth() })
-	writeJSON(w, map[string]any{"events": rawEvents(out...)})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Depth() < out[j].Depth() != p.missingNewestFirst })
+	writeJSON(w, map[string]any{"events": append(p.missingExtra, rawEvents(out...)...)})
+}
+
+// backfill walks back from the v events (included) over prev_events,
+// breadth-first, at most limit events, answered newest first, with
+// backfillExtra added.
+func (p *gmslPeer) backfill(w http.ResponseWriter, r *http.Request) {
+	if p.verify(w, r) == nil {
+		return
+	}
+	p.count("backfill")
+	limit, err := strconv.Atoi(r.URL.Query().Get("limit"))
+	if err != nil || r.PathValue("roomId") != p.roomID {
+		writeStatus(w, http.StatusBadRequest, map[string]string{"errcode": "M_INVALID_PARAM", "error": "bad limit or room"})
+		return
+	}
+	p.mu.Lock()
+	if p.hangBackfill {
+		p.mu.Unlock()
+		<-r.Context().Done()
+		return
+	}
+	defer p.mu.Unlock()
+	if p.failBackfill {
+		writeStatus(w, http.StatusInternalServerError, map[string]string{"errcode": "M_UNKNOWN", "error": "broken"})
+		return
+	}
+	seen := map[string]bool{}
+	next := r.URL.Query()["v"]
+	var out []gomatrixserverlib.PDU
+	for len(next) > 0 && len(out) < limit {
+		id := next[0]
+		next = next[1:]
+		ev := p.events[id]
+		if seen[id] || ev == nil {
+			continue
+		}
+		seen[id] = true
+		out = append(out, ev)
+		next = append(next, ev.PrevEventIDs()...)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Depth() > out[j].Depth() })
+	writeJSON(w, map[string]any{"origin": p.Name, "origin_server_ts": time.Now().UnixMilli(),
+		"pdus": append(rawEvents(out...), p.backfillExtra...)})
+}
+
+// history lists the events from id back to the room's create event,
+// newest first, following the first prev_event of each.
+func (p *gmslPeer) history(id string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for ev := p.events[id]; ev != nil; {
+		out = append(out, ev.EventID())
+		prev := ev.PrevEventIDs()
+		if len(prev) == 0 {
+			break
+		}
+		ev = p.events[prev[0]]
+	}
+	return out
 }
 
 // receive takes a transaction from the daemon: each PDU is checked

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -26,7 +27,8 @@ import (
 // prev_events: one of them, or their states resolved with
 // gomatrixserverlib.ResolveConflicts. Unknown prev_events are asked of the
 // sender with /get_missing_events (a bounded number); when a gap remains,
-// the state before the event is fetched with /state_ids. Where several
+// the state before the event is fetched with /state_ids (the events of it
+// missing here with one /state when they are many, see fetchState). Where several
 // forward extremities remain, the room's current state is their states
 // resolved.
 
@@ -39,14 +41,20 @@ type RemoteEvents interface {
 	MissingEvents(ctx context.Context, dest, roomID string, earliest, latest []string, limit int, minDepth int64) ([]json.RawMessage, error)
 	// StateIDs asks for the state before an event (/state_ids).
 	StateIDs(ctx context.Context, dest, roomID, eventID string) (stateIDs, authChainIDs []string, err error)
+	// State asks for the state before an event and its auth chain
+	// (/state).
+	State(ctx context.Context, dest, roomID, eventID string) (state, authChain []json.RawMessage, err error)
+	// Backfill asks for the events from and before them (/backfill).
+	Backfill(ctx context.Context, dest, roomID string, from []string, limit int) ([]json.RawMessage, error)
 }
 
 const (
 	// maxFetched bounds the events fetched for one incoming PDU (auth
 	// events, missing events, state).
 	maxFetched = 500
-	// missingEventsLimit is the limit of one /get_missing_events.
-	missingEventsLimit = 20
+	// missingEventsLimit is the limit of one /get_missing_events (as
+	// Synapse asks).
+	missingEventsLimit = 10
 	// maxPrevEvents and maxAuthEvents bound a PDU's references (the
 	// spec's limits).
 	maxPrevEvents = 20
@@ -214,7 +222,7 @@ func (s *Service) storeRejected(ctx context.Context, ev gomatrixserverlib.PDU) {
 // those missing from origin.
 func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int) error {
 	ids := ev.AuthEventIDs()
-	stored, err := s.eventsByID(ctx, origin, ev.Version(), ids, budget)
+	stored, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), ids, budget)
 	if err != nil {
 		return err
 	}
@@ -242,8 +250,10 @@ func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatri
 
 // eventsByID returns the stored events ids, fetching from origin and
 // storing as outliers those missing (each checked in turn against its own
-// auth events). An event that cannot be had is an error.
-func (s *Service) eventsByID(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, ids []string, budget *int) ([]storage.RoomEvent, error) {
+// auth events). An event that cannot be had is an error; one fetched
+// that is of another room than roomID rejects the event it was fetched
+// for.
+func (s *Service) eventsByID(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, roomID string, ids []string, budget *int) ([]storage.RoomEvent, error) {
 	stored, err := s.db.RoomEventsByID(ctx, ids)
 	if err != nil {
 		return nil, err
@@ -256,7 +266,7 @@ func (s *Service) eventsByID(ctx context.Context, origin string, version gomatri
 		if have[id] {
 			continue
 		}
-		e, err := s.fetchOutlier(ctx, origin, version, id, budget)
+		e, err := s.fetchOutlier(ctx, origin, version, roomID, id, budget)
 		if err != nil {
 			return nil, err
 		}
@@ -269,7 +279,7 @@ func (s *Service) eventsByID(ctx context.Context, origin string, version gomatri
 // fetchOutlier fetches one event from origin, checks it against its own
 // auth events (fetched in turn) and stores it as an outlier, rejected if
 // it fails them.
-func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, id string, budget *int) (storage.RoomEvent, error) {
+func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomatrixserverlib.RoomVersion, roomID, id string, budget *int) (storage.RoomEvent, error) {
 	if *budget <= 0 {
 		return storage.RoomEvent{}, fmt.Errorf("event %s is missing and too many events were fetched already", id)
 	}
@@ -280,6 +290,13 @@ func (s *Service) fetchOutlier(ctx context.Context, origin string, version gomat
 	raw, err := s.opts.Remote.GetEvent(ctx, origin, id)
 	if err != nil {
 		return storage.RoomEvent{}, fmt.Errorf("event %s is missing and could not be fetched: %v", id, err)
+	}
+	var head struct {
+		RoomID string `json:"room_id"`
+	}
+	if json.Unmarshal(raw, &head) == nil && head.RoomID != roomID {
+		// Not stored: this server may not know that room at all.
+		return storage.RoomEvent{}, errRejected{"event " + id + " is of another room"}
 	}
 	ev, err := gomatrixserverlib.MustGetRoomVersion(version).NewEventFromUntrustedJSON(raw)
 	if err != nil {
@@ -457,10 +474,13 @@ func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixser
 	if err != nil {
 		return priorState{}, fmt.Errorf("prev_events are missing and the state before the event could not be fetched: %v", err)
 	}
-	if _, err := s.eventsByID(ctx, origin, ev.Version(), authIDs, budget); err != nil {
+	if err := s.fetchState(ctx, origin, ev, stateIDs, authIDs, budget); err != nil {
 		return priorState{}, err
 	}
-	stored, err := s.eventsByID(ctx, origin, ev.Version(), stateIDs, budget)
+	if _, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), authIDs, budget); err != nil {
+		return priorState{}, err
+	}
+	stored, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), stateIDs, budget)
 	if err != nil {
 		return priorState{}, err
 	}
@@ -482,6 +502,65 @@ func (s *Service) stateBefore(ctx context.Context, origin string, ev gomatrixser
 		evs = append(evs, p)
 	}
 	return priorState{ids: eventIDs(evs), events: evs}, nil
+}
+
+// fetchState fetches the state before ev and its auth chain with one
+// /state when this server misses a tenth or more of the events /state_ids
+// named (as Synapse does; fewer are fetched one by one with /event), and
+// stores those named as outliers, oldest first, each checked against its
+// own auth events. Events the answer holds that /state_ids did not name,
+// or that are invalid or badly signed, are left out.
+func (s *Service) fetchState(ctx context.Context, origin string, ev gomatrixserverlib.PDU, stateIDs, authIDs []string, budget *int) error {
+	wanted := map[string]bool{}
+	for _, id := range append(slices.Clone(stateIDs), authIDs...) {
+		wanted[id] = true
+	}
+	stored, err := s.db.RoomEventsByID(ctx, slices.Collect(maps.Keys(wanted)))
+	if err != nil {
+		return err
+	}
+	missing := len(wanted) - len(stored)
+	if missing == 0 || missing*10 < len(wanted) {
+		return nil
+	}
+	state, chain, err := s.opts.Remote.State(ctx, origin, ev.RoomID().String(), ev.EventID())
+	if err != nil {
+		s.opts.Logger.WithError(err).WithField("origin", origin).Debug("/state failed; events are fetched one by one")
+		return nil
+	}
+	have := map[string]bool{}
+	for _, e := range stored {
+		have[e.EventID] = true
+	}
+	impl := gomatrixserverlib.MustGetRoomVersion(ev.Version())
+	var got []gomatrixserverlib.PDU
+	for _, raw := range append(chain, state...) {
+		e, err := impl.NewEventFromUntrustedJSON(raw)
+		if err != nil || !wanted[e.EventID()] || have[e.EventID()] || e.RoomID().String() != ev.RoomID().String() {
+			continue
+		}
+		have[e.EventID()] = true
+		got = append(got, e)
+	}
+	sort.SliceStable(got, func(i, j int) bool { return got[i].Depth() < got[j].Depth() })
+	for _, e := range got {
+		if checkReferences(e) != nil || gomatrixserverlib.VerifyEventSignatures(ctx, e, s.opts.KeyRing, userIDForSender) != nil {
+			continue
+		}
+		r := record(e)
+		if err := s.checkAuthEvents(ctx, origin, e, budget); err != nil {
+			var rej errRejected
+			if !errors.As(err, &rej) {
+				continue // fetched one by one later, or missing
+			}
+			r.Rejected = true
+		}
+		if _, err := s.db.IngestRoomEvents(ctx, storage.RoomIngest{RoomID: r.RoomID, Outliers: []storage.RoomEvent{r},
+			Now: s.opts.Now().UnixMilli()}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // maxRejectedHops bounds the rejected events walked through by

@@ -50,6 +50,9 @@ const (
 // with an end token rather than one request that reads the whole room.
 const messagesScans = 5
 
+// maxMessagesBackfills bounds the backfills one /messages request makes.
+const maxMessagesBackfills = 2
+
 // RoomEventFilter is the part of a room event filter /messages, /context
 // and /sync timelines apply;
 // other fields are accepted and ignored. In types and not_types a "*"
@@ -189,7 +192,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 		if t.tok == "" {
 			continue
 		}
-		p, err := streamtoken.Parse(t.param, t.tok)
+		p, err := streamtoken.ParsePage(t.param, t.tok)
 		if err != nil {
 			return MessagesResponse{}, err
 		}
@@ -210,6 +213,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			from = &cur
 		}
 		start, high = *from, min(*from, r.upTo)
+		low = math.MinInt64 // history backfilled lies below 0
 		if to != nil {
 			low = *to
 		}
@@ -222,7 +226,14 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			high = min(high, *to)
 		}
 	}
-	out := MessagesResponse{Start: streamtoken.Format(start), Chunk: []ClientEvent{}}
+	out := MessagesResponse{Start: streamtoken.FormatPage(start), Chunk: []ClientEvent{}}
+	// Paging back past the room's first event here, without a to token,
+	// asks the room's servers for the history before it (backfill.go),
+	// at most maxMessagesBackfills times a request.
+	backfills, backfilled := 0, false
+	if !backward || to != nil {
+		backfills = maxMessagesBackfills
+	}
 	for scan := 0; scan < messagesScans && low < high; scan++ {
 		want := limit - len(out.Chunk)
 		page, err := s.db.RoomMessages(ctx, req.RoomID, low, high, want, !backward)
@@ -243,17 +254,37 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			return MessagesResponse{}, err
 		}
 		out.Chunk = append(out.Chunk, evs...)
+		if len(page) > 0 {
+			if last := page[len(page)-1].Pos; backward {
+				high = last - 1
+			} else {
+				low = last
+			}
+		}
 		if len(page) < want {
-			out.End = "" // the range is read to its end
+			// The range is read to its end; backwards, the history
+			// before it may be had from the room's servers.
+			if backfills < maxMessagesBackfills {
+				backfills++
+				n, err := s.backfill(ctx, req.RoomID, limit)
+				if err != nil {
+					return MessagesResponse{}, err
+				}
+				if backfilled = n > 0; backfilled {
+					out.End = streamtoken.FormatPage(high) // it lies below what was read
+					continue
+				}
+			}
+			if !backfilled {
+				out.End = ""
+			}
 			break
 		}
 		// More may follow what this page read.
-		if last := page[len(page)-1].Pos; backward {
-			high = last - 1
-			out.End = streamtoken.Format(high)
+		if backward {
+			out.End = streamtoken.FormatPage(high)
 		} else {
-			low = last
-			out.End = streamtoken.Format(low)
+			out.End = streamtoken.FormatPage(low)
 		}
 		if len(out.Chunk) >= limit {
 			break
@@ -336,7 +367,7 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 	} else if !ok {
 		return ContextResponse{}, mxerr.NotFound("unknown event %s", req.EventID)
 	}
-	out := ContextResponse{Start: streamtoken.Format(ev.Pos - 1), End: streamtoken.Format(ev.Pos)}
+	out := ContextResponse{Start: streamtoken.FormatPage(ev.Pos - 1), End: streamtoken.FormatPage(ev.Pos)}
 	// around reads up to n events on one side and keeps those the filter
 	// and visibility let through; the token moves past all it read.
 	around := func(low, high storage.StreamPos, n int, forward bool) ([]ClientEvent, *storage.StreamPos, error) {
@@ -360,7 +391,7 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		last := page[len(page)-1].Pos
 		return orEmpty(evs), &last, err
 	}
-	before, oldest, err := around(0, ev.Pos-1, limit/2, false)
+	before, oldest, err := around(math.MinInt64, ev.Pos-1, limit/2, false)
 	if err != nil {
 		return ContextResponse{}, err
 	}
@@ -369,11 +400,11 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		return ContextResponse{}, err
 	}
 	if oldest != nil {
-		out.Start = streamtoken.Format(*oldest - 1)
+		out.Start = streamtoken.FormatPage(*oldest - 1)
 	}
 	last := ev.Pos
 	if newest != nil {
-		out.End, last = streamtoken.Format(*newest), *newest
+		out.End, last = streamtoken.FormatPage(*newest), *newest
 	}
 	p, err := pdu(ev)
 	if err != nil {

@@ -71,7 +71,9 @@
 //
 // Other servers read events, the state before an event with its auth
 // chain, missing events and history (fedread.go, with the rule of who may
-// read), and resolve our aliases; aliases of other servers are asked of
+// read), and resolve our aliases; the history before this server's
+// first event of a room joined over federation is asked of the room's
+// servers when a client pages back to it (backfill.go); aliases of other servers are asked of
 // them through Options.Federation (federation.go).
 package roomserver
 
@@ -104,6 +106,7 @@ type Store interface {
 	RoomEvent(ctx context.Context, eventID string) (storage.RoomEvent, error)
 	RoomEventsByID(ctx context.Context, ids []string) ([]storage.RoomEvent, error)
 	RoomMinDepth(ctx context.Context, roomID string) (int64, error)
+	RoomLowestPos(ctx context.Context, roomID string) (storage.StreamPos, error)
 	RoomStateAfter(ctx context.Context, eventID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
 	IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (storage.RoomWriteResult, error)
 	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
@@ -159,6 +162,8 @@ type Service struct {
 	db    Store
 	opts  Options
 	pipes sync.Map // room ID -> *roomPipe: the room's local writes
+	// backfills holds a lock per room for its backfills (backfill.go).
+	backfills sync.Map
 	// states keeps state read for building events.
 	states stateCache
 	// profiles fill local users' member events (SetProfiles); nil: none.

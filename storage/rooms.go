@@ -192,6 +192,12 @@ type RoomIngest struct {
 	// Redactions replace events' JSON by their redacted form.
 	Redactions []RoomRedaction
 	Now        int64 // milliseconds
+	// HistoryPos, when not zero (negative), places Event as history
+	// fetched from other servers (backfill): at that stream position,
+	// below the room's timeline, where /sync never reads and /messages
+	// paging back does. The room's current state, extremities and head
+	// stay as they are, and nothing is sent on.
+	HistoryPos StreamPos
 }
 
 // NewRoomHead is a new head for a room (Room.Head): random, so that no two

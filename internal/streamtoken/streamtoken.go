@@ -29,3 +29,26 @@ func Parse(param, tok string) (storage.StreamPos, error) {
 	}
 	return storage.StreamPos(n), nil
 }
+
+// FormatPage makes a token of /messages: a stream position as Format
+// makes it, or "h<n>" for the position -n below the stream's start, where
+// a room's history fetched from other servers (backfill) is placed.
+func FormatPage(pos storage.StreamPos) string {
+	if pos < 0 {
+		return "h" + strconv.FormatInt(-int64(pos), 10)
+	}
+	return Format(pos)
+}
+
+// ParsePage reads a token FormatPage made, or one of Parse.
+func ParsePage(param, tok string) (storage.StreamPos, error) {
+	num, _, _ := strings.Cut(tok, "_")
+	if !strings.HasPrefix(num, "h") {
+		return Parse(param, tok)
+	}
+	n, err := strconv.ParseInt(num[1:], 10, 64)
+	if err != nil || n <= 0 {
+		return 0, mxerr.InvalidParam("%s is not a valid stream token", param)
+	}
+	return storage.StreamPos(-n), nil
+}

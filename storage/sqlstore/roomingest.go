@@ -34,6 +34,9 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 		case in.NewExtremities != nil && !sameSet(have, in.Extremities):
 			return storage.ErrRoomMoved
 		}
+		if in.HistoryPos != 0 {
+			return s.txPlaceHistory(ctx, tx, in)
+		}
 		for _, ev := range in.Outliers {
 			if err := s.txInsertOutlier(ctx, tx, ev); err != nil {
 				return err
@@ -105,6 +108,32 @@ func (s *Store) IngestRoomEvents(ctx context.Context, in storage.RoomIngest) (_ 
 	return res, err
 }
 
+// txPlaceHistory writes a backfilled event (RoomIngest.HistoryPos) with
+// its outliers and redactions, and nothing else of the room.
+func (s *Store) txPlaceHistory(ctx context.Context, tx *txn, in storage.RoomIngest) error {
+	if in.Event == nil || in.HistoryPos > 0 {
+		return errors.New("history is one event at a negative position")
+	}
+	for _, ev := range in.Outliers {
+		if err := s.txInsertOutlier(ctx, tx, ev); err != nil {
+			return err
+		}
+	}
+	if _, err := s.txPlaceIngested(ctx, tx, in); err != nil {
+		return err
+	}
+	return txRedact(ctx, tx, in.Redactions)
+}
+
+// RoomLowestPos returns the lowest stream position of a room's events,
+// or 0 when none is below 0: backfilled history goes below it.
+func (s *Store) RoomLowestPos(ctx context.Context, roomID string) (_ storage.StreamPos, err error) {
+	defer named("RoomLowestPos", &err)
+	var pos sql.NullInt64
+	err = s.q.QueryRowContext(ctx, `SELECT MIN(pos) FROM room_events WHERE room_id = $1`, roomID).Scan(&pos)
+	return storage.StreamPos(min(pos.Int64, 0)), err
+}
+
 // txInsertOutlier stores an event without state unless it is stored.
 func (s *Store) txInsertOutlier(ctx context.Context, tx *txn, ev storage.RoomEvent) error {
 	var stateKey any
@@ -165,9 +194,11 @@ func (s *Store) txPlaceIngested(ctx context.Context, tx *txn, in storage.RoomIng
 			return nil, err
 		}
 	}
-	pos, err := s.nextPos(ctx, tx)
-	if err != nil {
-		return nil, err
+	pos := in.HistoryPos
+	if pos == 0 {
+		if pos, err = s.nextPos(ctx, tx); err != nil {
+			return nil, err
+		}
 	}
 	_, err = tx.ExecContext(ctx, `UPDATE room_events SET outlier = 0, soft_failed = $1, state_before = $2, state_after = $3, pos = $4
 		WHERE event_id = $5`, boolInt(ev.SoftFailed), before, after, pos, ev.EventID)
