@@ -460,13 +460,14 @@ func TestKeys(t *testing.T) {
 		"client_api.bcrypt_concurrency",
 		"client_api.user_directory.search_all_users", "client_api.turn.uris", "client_api.turn.shared_secret",
 		"client_api.turn.username", "client_api.turn.password", "client_api.turn.user_lifetime",
+		"push.min_backoff", "push.max_backoff", "push.request_timeout",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 54 {
-		t.Errorf("Keys() has %d keys, want 54: %q", len(keys), keys)
+	if len(keys) != 57 {
+		t.Errorf("Keys() has %d keys, want 57: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.
