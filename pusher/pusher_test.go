@@ -261,7 +261,7 @@ func TestPushDelivery(t *testing.T) {
 		want := map[string]any{"event_id": ev1, "room_id": roomID, "counts": map[string]any{"unread": 1}, "prio": "high",
 			"devices": []any{map[string]any{"app_id": "com.example.app", "pushkey": "idonly",
 				"pushkey_ts": idOnly["devices"].([]any)[0].(map[string]any)["pushkey_ts"],
-				"data": map[string]any{"format": "event_id_only", "extra": "kept"}, "tweaks": map[string]any{"sound": "default"}}}}
+				"data":       map[string]any{"format": "event_id_only", "extra": "kept"}, "tweaks": map[string]any{"sound": "default"}}}}
 		if testutil.Canonical(t, idOnly) != testutil.Canonical(t, want) {
 			t.Fatalf("event_id_only notification:\n got %s\nwant %s", testutil.Canonical(t, idOnly), testutil.Canonical(t, want))
 		}
