@@ -29,6 +29,13 @@ func (s *Service) catchUp(ctx context.Context, target storage.StreamPos) error {
 		if err != nil {
 			return err
 		}
+		if len(evs) == 0 {
+			// Nothing to record: the cursor stays for the next range that
+			// has events (reading an empty range again is cheap), and no
+			// write is made for stream positions without room events.
+			s.seen(target)
+			return nil
+		}
 		to := target
 		if len(evs) == batchSize {
 			to = evs[len(evs)-1].Pos
