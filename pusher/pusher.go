@@ -151,10 +151,7 @@ func (s *Service) RoomWritten(storage.RoomWriteResult) {
 // Run evaluates the events committed until ctx ends, then stops the
 // deliveries.
 func (s *Service) Run(ctx context.Context) {
-	defer func() {
-		s.cancel()
-		s.wg.Wait()
-	}()
+	defer s.Close()
 	for {
 		if pos, err := s.db.CurrentPos(ctx); err == nil {
 			if err := s.catchUp(ctx, pos); err != nil && ctx.Err() == nil {
@@ -171,9 +168,13 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// Close stops the deliveries of a Service that is not Run.
+// Close stops the deliveries (Run does when it ends) and waits for them.
 func (s *Service) Close() {
+	// Under the workers' lock: a delivery is queued (and its worker
+	// started) either before, and waited for, or not at all.
+	s.wmu.Lock()
 	s.cancel()
+	s.wmu.Unlock()
 	s.wg.Wait()
 }
 
