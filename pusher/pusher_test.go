@@ -398,3 +398,27 @@ func TestUnreadCounts(t *testing.T) {
 		expect(carol, "", 5, 0)
 	})
 }
+
+// A message from a user of another server, arriving over federation,
+// notifies the local user: pushed to the gateway and counted in /sync.
+func TestPushFromAnotherServer(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a, b := startNode(t, db), startNode(t, testutil.SQLite(t))
+		g := newGateway(t)
+		alice := a.Register(t, "alice", "")
+		bob := b.Register(t, "bob", "")
+		roomID := createRoom(t, a, alice)
+		b.Must(t, "POST", v3+"/join/"+url.PathEscape(roomID)+"?server_name="+url.QueryEscape(a.ServerName), bob.Token, map[string]any{})
+		a.Must(t, "POST", v3+"/pushers/set", alice.Token, pusherBody("com.example.app", "idonly", g.url(),
+			map[string]any{"data": map[string]any{"url": g.url(), "format": "event_id_only"}}))
+
+		ev := send(t, b, bob, roomID, "1", "hello from afar")
+		nt := g.waitFor(t, "idonly", ev, 1)
+		if nt["room_id"] != roomID || nt["prio"] != "high" {
+			t.Fatalf("notification: %v", nt)
+		}
+		if notes, _, _ := syncCounts(t, a, alice, "", roomID); notes != 1 {
+			t.Fatalf("alice's unread count: %d, want 1", notes)
+		}
+	})
+}
