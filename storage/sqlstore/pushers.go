@@ -87,12 +87,15 @@ func (s *Store) PushCursor(ctx context.Context) (_ storage.StreamPos, err error)
 
 // PushEvents returns up to limit room events in (after, upTo], in stream
 // order: those with a position (no outliers), neither rejected nor
-// soft-failed. Each room is read by its timeline index.
+// soft-failed. There is no index on the position alone (see migration
+// 19): each room's range is read by its timeline index, the rooms the
+// outer loop (CROSS JOIN fixes that order on SQLite, which would
+// otherwise scan every event).
 func (s *Store) PushEvents(ctx context.Context, after, upTo storage.StreamPos, limit int) (_ []storage.PushEvent, err error) {
 	defer named("PushEvents", &err)
 	rows, err := s.q.QueryContext(ctx, `SELECT e.event_id, e.room_id, e.sender, e.event_json, e.pos
-		FROM rooms r JOIN room_events e ON e.room_id = r.room_id
-		WHERE e.pos > $1 AND e.pos <= $2 AND e.rejected = 0 AND e.soft_failed = 0
+		FROM rooms r CROSS JOIN room_events e
+		WHERE e.room_id = r.room_id AND e.pos > $1 AND e.pos <= $2 AND e.rejected = 0 AND e.soft_failed = 0
 		ORDER BY e.pos LIMIT $3`, after, upTo, limit)
 	if err != nil {
 		return nil, err
