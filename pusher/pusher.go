@@ -44,6 +44,7 @@ type Store interface {
 	PushRoomState(ctx context.Context, roomID string) (storage.PushRoomState, error)
 	CommitPushes(ctx context.Context, from, to storage.StreamPos, notifications []storage.PushNotification, reads []storage.PushRead) (bool, error)
 	UnreadCounts(ctx context.Context, userID string, upTo storage.StreamPos) (map[string]storage.UnreadCount, error)
+	MarkPushRead(ctx context.Context, rd storage.PushRead) error
 }
 
 // Rules gives a user's push rules (pushrules.Service).
@@ -196,6 +197,18 @@ func (s *Service) UnreadCounts(ctx context.Context, userID string, roomIDs []str
 		out[r] = counts[r]
 	}
 	return out, nil
+}
+
+// MarkRead records that a user has read a room up to the event at
+// position pos (a read receipt): the room's unread counts restart after
+// it. A position before one already recorded changes nothing.
+func (s *Service) MarkRead(ctx context.Context, userID, roomID string, pos storage.StreamPos) error {
+	// Evaluated first, so the events up to pos are counted before they
+	// are marked read, not after.
+	if err := s.catchUp(ctx, pos); err != nil {
+		return err
+	}
+	return s.db.MarkPushRead(ctx, storage.PushRead{UserID: userID, RoomID: roomID, Pos: pos})
 }
 
 // isLocal reports whether a user ID is of this server.

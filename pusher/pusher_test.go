@@ -14,6 +14,9 @@ import (
 
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/pusher"
+	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/storage"
 )
 
 const v3 = "/_matrix/client/v3"
@@ -393,9 +396,32 @@ func TestUnreadCounts(t *testing.T) {
 		expect(alice, since, 1, 0)
 		// Alice muting the room stops the counting.
 		n.Must(t, "PUT", v3+"/pushrules/global/room/"+url.PathEscape(roomID), alice.Token, map[string]any{"actions": []any{}})
-		send(t, n, bob, roomID, "6", "muted")
+		muted := send(t, n, bob, roomID, "6", "muted")
 		expect(alice, "", 1, 0)
 		expect(carol, "", 5, 0)
+
+		// A read receipt's position resets the counts up to it; an older
+		// one changes nothing.
+		svc := pusher.New(n.Store, pusher.Options{ServerName: n.ServerName, Rules: pushrules.New(n.Store, nil)})
+		defer svc.Close()
+		ctx := context.Background()
+		pos := func(eventID string) storage.StreamPos {
+			ev, err := n.Store.RoomEvent(ctx, eventID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ev.Pos
+		}
+		later := send(t, n, bob, roomID, "7", "later")
+		if err := svc.MarkRead(ctx, carol.UserID, roomID, pos(later)); err != nil {
+			t.Fatal(err)
+		}
+		expect(carol, "", 0, 0)
+		send(t, n, bob, roomID, "8", "after the receipt")
+		if err := svc.MarkRead(ctx, carol.UserID, roomID, pos(muted)); err != nil {
+			t.Fatal(err)
+		}
+		expect(carol, "", 1, 0)
 	})
 }
 

@@ -164,13 +164,7 @@ func (s *Store) CommitPushes(ctx context.Context, from, to storage.StreamPos, no
 			}
 		}
 		for _, rd := range reads {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO push_read (user_id, room_id, pos) VALUES ($1, $2, $3)
-				ON CONFLICT (user_id, room_id) DO UPDATE SET pos = excluded.pos WHERE excluded.pos > push_read.pos`,
-				rd.UserID, rd.RoomID, rd.Pos); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `DELETE FROM push_notifications WHERE user_id = $1 AND room_id = $2 AND pos <= $3`,
-				rd.UserID, rd.RoomID, rd.Pos); err != nil {
+			if err := txPushRead(ctx, tx, rd); err != nil {
 				return err
 			}
 		}
@@ -178,6 +172,24 @@ func (s *Store) CommitPushes(ctx context.Context, from, to storage.StreamPos, no
 		return nil
 	})
 	return claimed && err == nil, err
+}
+
+// MarkPushRead records that a user read a room up to a position (never
+// moving back): the notifications at or before it stop counting.
+func (s *Store) MarkPushRead(ctx context.Context, rd storage.PushRead) (err error) {
+	defer named("MarkPushRead", &err)
+	return s.write(ctx, func(tx *txn) error { return txPushRead(ctx, tx, rd) })
+}
+
+func txPushRead(ctx context.Context, tx *txn, rd storage.PushRead) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO push_read (user_id, room_id, pos) VALUES ($1, $2, $3)
+		ON CONFLICT (user_id, room_id) DO UPDATE SET pos = excluded.pos WHERE excluded.pos > push_read.pos`,
+		rd.UserID, rd.RoomID, rd.Pos); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM push_notifications WHERE user_id = $1 AND room_id = $2 AND pos <= $3`,
+		rd.UserID, rd.RoomID, rd.Pos)
+	return err
 }
 
 // UnreadCounts returns a user's unread notifications per room, counting
