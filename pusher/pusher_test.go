@@ -448,3 +448,26 @@ func TestPushFromAnotherServer(t *testing.T) {
 		}
 	})
 }
+
+// An invite from a user of another server notifies the invitee.
+func TestPushRemoteInvite(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a, b := startNode(t, db), startNode(t, testutil.SQLite(t))
+		g := newGateway(t)
+		alice := a.Register(t, "alice", "")
+		bob := b.Register(t, "bob", "")
+		a.Must(t, "POST", v3+"/pushers/set", alice.Token, pusherBody("com.example.app", "full", g.url(), nil))
+		roomID := createRoom(t, b, bob)
+		b.Must(t, "POST", v3+"/rooms/"+url.PathEscape(roomID)+"/invite", bob.Token, map[string]any{"user_id": alice.UserID})
+		testutil.Eventually(t, "the invite pushed", func() bool {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			for _, n := range g.received {
+				if n["type"] == "m.room.member" && n["membership"] == "invite" && n["user_is_target"] == true && n["room_id"] == roomID {
+					return true
+				}
+			}
+			return false
+		})
+	})
+}

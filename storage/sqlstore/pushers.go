@@ -86,17 +86,24 @@ func (s *Store) PushCursor(ctx context.Context) (_ storage.StreamPos, err error)
 }
 
 // PushEvents returns up to limit room events in (after, upTo], in stream
-// order: those with a position (no outliers), neither rejected nor
-// soft-failed. There is no index on the position alone (see migration
-// 19): each room's range is read by its timeline index, the rooms the
-// outer loop (CROSS JOIN fixes that order on SQLite, which would
-// otherwise scan every event).
+// order: those with a position, neither rejected nor soft-failed, and the
+// invites of users with pushers to rooms this server is not in (outliers,
+// whose position is that of the invitee's membership). There is no index
+// on the position alone (see migration 19): each room's range is read by
+// its timeline index, the rooms the outer loop (CROSS JOIN fixes that
+// order on SQLite, which would otherwise scan every event).
 func (s *Store) PushEvents(ctx context.Context, after, upTo storage.StreamPos, limit int) (_ []storage.PushEvent, err error) {
 	defer named("PushEvents", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT e.event_id, e.room_id, e.sender, e.event_json, e.pos
-		FROM rooms r CROSS JOIN room_events e
-		WHERE e.room_id = r.room_id AND e.pos > $1 AND e.pos <= $2 AND e.rejected = 0 AND e.soft_failed = 0
-		ORDER BY e.pos LIMIT $3`, after, upTo, limit)
+	rows, err := s.q.QueryContext(ctx, `SELECT x.event_id, x.room_id, x.sender, x.event_json, x.pos FROM (
+		SELECT e.event_id, e.room_id, e.sender, e.event_json, e.pos
+			FROM rooms r CROSS JOIN room_events e
+			WHERE e.room_id = r.room_id AND e.pos > $1 AND e.pos <= $2 AND e.rejected = 0 AND e.soft_failed = 0
+		UNION ALL
+		SELECT e.event_id, e.room_id, e.sender, e.event_json, c.pos
+			FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
+			WHERE c.event_type = 'm.room.member' AND c.membership = 'invite' AND c.state_key IN (SELECT user_id FROM pushers)
+			AND e.pos IS NULL AND c.pos > $1 AND c.pos <= $2) x
+		ORDER BY x.pos LIMIT $3`, after, upTo, limit)
 	if err != nil {
 		return nil, err
 	}
