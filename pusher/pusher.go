@@ -154,18 +154,25 @@ func (s *Service) RoomWritten(storage.RoomWriteResult) {
 func (s *Service) Run(ctx context.Context) {
 	defer s.Close()
 	for {
-		if pos, err := s.db.CurrentPos(ctx); err == nil {
-			if err := s.catchUp(ctx, pos); err != nil && ctx.Err() == nil {
-				s.o.Logger.WithError(err).Warn("push: evaluating room events failed")
-			}
-		} else if ctx.Err() == nil {
-			s.o.Logger.WithError(err).Warn("push: reading the stream position failed")
+		pos, err := s.db.CurrentPos(ctx)
+		if err == nil {
+			err = s.catchUp(ctx, pos)
+		}
+		// After a failure, tried again after a while even if no room is
+		// written to.
+		retry := time.NewTimer(time.Hour)
+		if err != nil && ctx.Err() == nil {
+			s.o.Logger.WithError(err).Warn("push: evaluating room events failed")
+			retry.Reset(5 * time.Second)
 		}
 		select {
 		case <-ctx.Done():
+			retry.Stop()
 			return
 		case <-s.wake:
+		case <-retry.C:
 		}
+		retry.Stop()
 	}
 }
 
