@@ -31,6 +31,7 @@ import (
 	"github.com/keyserver/keyserver/media"
 	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/publicrooms"
+	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -72,6 +73,8 @@ type Options struct {
 	PublicRooms *publicrooms.Service
 	// PushRules serves /pushrules; nil: not served.
 	PushRules *pushrules.Service
+	// Pushers serves /pushers; nil: not served.
+	Pushers *pusher.Service
 	// Profiles serves /profile; nil: not served.
 	Profiles *profile.Service
 	// Rooms serves the room endpoints; nil: not served.
@@ -145,6 +148,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	a.keyBackupRoutes(e2e)
 	a.accountDataRoutes(s)
 	a.pushRuleRoutes(s)
+	a.pusherRoutes(s)
 	a.publicRoomRoutes(s)
 	a.userDirectoryRoutes(s)
 	a.voipRoutes(s)

@@ -65,6 +65,7 @@ type Config struct {
 	Metrics    MetricsConfig    `yaml:"metrics"`
 	Keys       KeysConfig       `yaml:"keys"`
 	Media      MediaConfig      `yaml:"media"`
+	Push       PushConfig       `yaml:"push"`
 }
 
 // LogConfig is the "log" section.
@@ -242,6 +243,21 @@ type KeysConfig struct {
 	StrictValidation bool `yaml:"strict_validation"`
 }
 
+// PushConfig is the "push" section: the delivery of push notifications
+// to the push gateways of users' pushers. Gateways are reached through
+// federation.ip_range_denylist and ip_range_allowlist, as other servers
+// are.
+type PushConfig struct {
+	// MinBackoff is the first wait after a failed delivery; each further
+	// failure doubles it. Default 1s.
+	MinBackoff Duration `yaml:"min_backoff"`
+	// MaxBackoff: once the wait would pass it, the notification is given
+	// up and the pusher's next one tried. Default 1h.
+	MaxBackoff Duration `yaml:"max_backoff"`
+	// RequestTimeout bounds one request to a gateway. Default 15s.
+	RequestTimeout Duration `yaml:"request_timeout"`
+}
+
 // OldVerifyKey is a retired signing key's public half and when it stopped
 // being used.
 type OldVerifyKey struct {
@@ -355,6 +371,11 @@ func Default() *Config {
 			StrictValidation: true,
 		},
 		Media: defaultMedia(),
+		Push: PushConfig{
+			MinBackoff:     Duration(time.Second),
+			MaxBackoff:     Duration(time.Hour),
+			RequestTimeout: Duration(15 * time.Second),
+		},
 	}
 }
 
@@ -567,6 +588,12 @@ func (c *Config) Validate() error {
 		if msg := checkListen("metrics.listen", c.Metrics.Listen); msg != "" {
 			add("%s", msg)
 		}
+	}
+	if c.Push.MinBackoff <= 0 || c.Push.MaxBackoff < c.Push.MinBackoff {
+		add("push.min_backoff (%s) must be positive and no longer than push.max_backoff (%s)", c.Push.MinBackoff, c.Push.MaxBackoff)
+	}
+	if c.Push.RequestTimeout <= 0 {
+		add("push.request_timeout must be positive, not %s", c.Push.RequestTimeout)
 	}
 	if c.Federation.SendWait <= 0 {
 		add("federation.send_wait must be positive, not %s", c.Federation.SendWait)

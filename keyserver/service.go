@@ -59,6 +59,9 @@ type Options struct {
 	// ToDevice gives /sync the devices' to-device messages; nil: /sync has
 	// no to_device section.
 	ToDevice ToDeviceInbox
+	// Unread gives /sync the joined rooms' unread notification counts;
+	// nil: none are shown.
+	Unread UnreadCounter
 	// DirectToDevice receives the m.direct_to_device EDUs of other
 	// servers; nil: they are dropped.
 	DirectToDevice DirectToDeviceReceiver

@@ -48,5 +48,32 @@ func (s *Service) roomsSection(ctx context.Context, userID string, from storage.
 	if s.opts.AccountData != nil {
 		req.AccountData = d.AccountData
 	}
-	return s.rooms.Sync(ctx, req)
+	rooms, err := s.rooms.Sync(ctx, req)
+	if err == nil && rooms != nil && s.opts.Unread != nil && len(rooms.Join) > 0 {
+		err = s.unreadCounts(ctx, userID, d.Pos, rooms)
+	}
+	return rooms, err
+}
+
+// UnreadCounter gives /sync the unread notification counts of rooms
+// (pusher.Service), counting events up to a position.
+type UnreadCounter interface {
+	UnreadCounts(ctx context.Context, userID string, roomIDs []string, upTo storage.StreamPos) (map[string]storage.UnreadCount, error)
+}
+
+// unreadCounts fills in the joined rooms' unread_notifications.
+func (s *Service) unreadCounts(ctx context.Context, userID string, upTo storage.StreamPos, rooms *roomserver.SyncRooms) error {
+	ids := make([]string, 0, len(rooms.Join))
+	for id := range rooms.Join {
+		ids = append(ids, id)
+	}
+	counts, err := s.opts.Unread.UnreadCounts(ctx, userID, ids, upTo)
+	if err != nil {
+		return err
+	}
+	for id, r := range rooms.Join {
+		c := counts[id]
+		r.UnreadNotifications = &roomserver.UnreadNotifications{NotificationCount: c.Notifications, HighlightCount: c.Highlights}
+	}
+	return nil
 }

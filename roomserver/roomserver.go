@@ -129,6 +129,16 @@ type MembershipSink interface {
 	RoomWritten(res storage.RoomWriteResult)
 }
 
+// Sinks tells each of its sinks, in order, of every committed write.
+type Sinks []MembershipSink
+
+// RoomWritten tells each sink.
+func (ss Sinks) RoomWritten(res storage.RoomWriteResult) {
+	for _, s := range ss {
+		s.RoomWritten(res)
+	}
+}
+
 // Options configure the rooms.
 type Options struct {
 	ServerName string

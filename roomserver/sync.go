@@ -195,6 +195,14 @@ type JoinedRoom struct {
 	Timeline    Timeline          `json:"timeline"`
 	AccountData AccountDataEvents `json:"account_data"`
 	Ephemeral   Events            `json:"ephemeral"`
+	// UnreadNotifications are the room's unread counts (package pusher).
+	UnreadNotifications *UnreadNotifications `json:"unread_notifications,omitempty"`
+}
+
+// UnreadNotifications are a joined room's unread notification counts.
+type UnreadNotifications struct {
+	NotificationCount int `json:"notification_count"`
+	HighlightCount    int `json:"highlight_count"`
 }
 
 // RoomSummary is a joined room's summary in /sync: what a client needs

@@ -37,6 +37,7 @@ import (
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/publicrooms"
+	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
@@ -270,6 +271,11 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 		Logger:    log,
 	})
 	ko.DirectToDevice = toDevice
+	pushRules := pushrules.New(store, func(ch storage.Change) { d.ks.StreamAdvanced(ch) })
+	pushers := pusher.New(store, pusher.Options{ServerName: cfg.ServerName, Rules: pushRules, AddressPolicy: fo.AddressPolicy,
+		MinBackoff: cfg.Push.MinBackoff.Duration(), MaxBackoff: cfg.Push.MaxBackoff.Duration(),
+		Timeout: cfg.Push.RequestTimeout.Duration(), Logger: log})
+	ko.Unread = pushers
 	if so.tune != nil {
 		so.tune(&ko, &fo)
 	}
@@ -278,7 +284,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	d.ks = keyserver.New(store, ko)
 	keyRing := fedclient.NewKeyRing(store, d.fed, cfg.ServerName, key.PublicKey())
 	rooms := roomserver.New(store, roomserver.Options{ServerName: cfg.ServerName, KeyID: key.KeyID, PrivateKey: key.PrivateKey,
-		Sink: d.ks, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Directory: d.fed, Federated: true, Logger: log})
+		Sink: roomserver.Sinks{pushers, d.ks}, KeyRing: keyRing, Remote: d.fed, Handshakes: d.fed, Directory: d.fed, Federated: true, Logger: log})
 	d.ks.SetRooms(rooms)
 	d.ks.SetPDUReceiver(rooms)
 	profiles := profile.New(store, cfg.ServerName, d.fed, rooms, log)
@@ -302,7 +308,8 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Logger:          log,
 			KeyBackup:       keybackup.New(store, log, keybackup.Options{LaxAuthData: !cfg.Keys.StrictValidation}),
 			AccountData:     accountdata.New(store, d.ks.StreamAdvanced),
-			PushRules:       pushrules.New(store, d.ks.StreamAdvanced),
+			PushRules:       pushRules,
+			Pushers:         pushers,
 			PublicRooms:     publicRooms,
 			InitialSync:     initialsync.New(rooms, store),
 			UserDirectory:   userdirectory.New(store, cfg.ClientAPI.UserDirectory.SearchAllUsers),
@@ -372,7 +379,9 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 	var workers context.Context
 	workers, d.stopWorkers = context.WithCancel(context.Background())
 	d.workersDone = make(chan struct{})
-	go func() { defer close(d.workersDone); d.ks.Run(workers) }()
+	pushersDone := make(chan struct{})
+	go func() { defer close(pushersDone); pushers.Run(workers) }()
+	go func() { defer close(d.workersDone); d.ks.Run(workers); <-pushersDone }()
 	if cfg.Metrics.Listen != "" {
 		if err := d.startMetrics(cfg); err != nil {
 			d.stopWorkers()

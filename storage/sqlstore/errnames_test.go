@@ -13,6 +13,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/publicrooms"
+	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/userdirectory"
@@ -51,6 +52,7 @@ func TestErrorsNameTheOperation(t *testing.T) {
 			reflect.TypeOf((*roomserver.Store)(nil)).Elem(),
 			reflect.TypeOf((*publicrooms.Store)(nil)).Elem(),
 			reflect.TypeOf((*userdirectory.Store)(nil)).Elem(),
+			reflect.TypeOf((*pusher.Store)(nil)).Elem(),
 		} {
 			for i := 0; i < iface.NumMethod(); i++ {
 				methods = append(methods, iface.Method(i).Name)

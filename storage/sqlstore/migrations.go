@@ -615,6 +615,56 @@ CREATE TABLE media_thumbnails (
 	PRIMARY KEY (origin, media_id, width, height, method)
 );
 `},
+	{25, "pushers, notifications and unread counts", `
+-- a device's registration for push notifications; it lives while its
+-- device (user_id, device_id) has an access token
+CREATE TABLE pushers (
+	user_id             {{TEXT}} NOT NULL,
+	device_id           {{TEXT}} NOT NULL,
+	app_id              {{TEXT}} NOT NULL,
+	pushkey             {{TEXT}} NOT NULL,
+	kind                {{TEXT}} NOT NULL,
+	app_display_name    {{TEXT}} NOT NULL,
+	device_display_name {{TEXT}} NOT NULL,
+	profile_tag         {{TEXT}} NOT NULL,
+	lang                {{TEXT}} NOT NULL,
+	data                {{TEXT}} NOT NULL,
+	pushkey_ts          {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, app_id, pushkey)
+);
+CREATE INDEX pushers_key ON pushers (app_id, pushkey);
+
+-- the events that notified a user (their push rules said notify), for
+-- the unread counts; those at or before the user's read position in the
+-- room go
+CREATE TABLE push_notifications (
+	user_id   {{TEXT}} NOT NULL,
+	room_id   {{TEXT}} NOT NULL,
+	event_id  {{TEXT}} NOT NULL,
+	pos       {{BIGINT}} NOT NULL,
+	highlight INTEGER NOT NULL,
+	ts        {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, event_id)
+);
+CREATE INDEX push_notifications_room ON push_notifications (user_id, room_id, pos);
+
+-- where a user has read a room up to (their own latest event in it)
+CREATE TABLE push_read (
+	user_id {{TEXT}} NOT NULL,
+	room_id {{TEXT}} NOT NULL,
+	pos     {{BIGINT}} NOT NULL,
+	PRIMARY KEY (user_id, room_id)
+);
+
+-- the stream position up to which room events have been evaluated for
+-- notifications; it starts at the stream's current position, so history
+-- from before this step notifies nobody
+CREATE TABLE push_cursor (
+	id  INTEGER PRIMARY KEY,
+	pos {{BIGINT}} NOT NULL
+);
+INSERT INTO push_cursor (id, pos) SELECT 1, pos FROM stream_position WHERE id = 1;
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
