@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/keyserver/keyserver/accountdata"
-	"github.com/keyserver/keyserver/devicelist/sender"
+	"github.com/keyserver/keyserver/federationsender"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
@@ -47,7 +47,7 @@ func TestErrorsNameTheOperation(t *testing.T) {
 			reflect.TypeOf((*keybackup.Store)(nil)).Elem(),
 			reflect.TypeOf((*accountdata.Store)(nil)).Elem(),
 			reflect.TypeOf((*keyserver.AccountDataSource)(nil)).Elem(),
-			reflect.TypeOf((*sender.PDUQueue)(nil)).Elem(),
+			reflect.TypeOf((*federationsender.PDUQueue)(nil)).Elem(),
 			reflect.TypeOf((*roomserver.Store)(nil)).Elem(),
 			reflect.TypeOf((*publicrooms.Store)(nil)).Elem(),
 			reflect.TypeOf((*userdirectory.Store)(nil)).Elem(),

@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/testdb"
@@ -94,7 +95,7 @@ func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
 
 	clk := clock.NewFake()
 	tr := &recordingTransport{fail: true}
-	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
+	sender := New(db, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
 		Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
 	go sender.Run(ctx)
 	start := clk.Now()
@@ -190,7 +191,7 @@ func runSender(t *testing.T, counted *leaseCounter) (*Sender, *clock.Fake, *reco
 	ctx, cancel := context.WithCancel(context.Background())
 	clk := clock.NewFake()
 	tr := &recordingTransport{}
-	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
+	sender := New(counted, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
 	done := make(chan struct{})
 	go func() { defer close(done); sender.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -356,7 +357,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 		clk := clock.NewFake()
 		log, hook := logtest.NewNullLogger()
 		tr := &recordingTransport{}
-		sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: log})
+		sender := New(db, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: log})
 		done := make(chan struct{})
 		go func() { defer close(done); sender.Run(ctx) }()
 		defer func() { cancel(); <-done }()

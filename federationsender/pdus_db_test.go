@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/testdb"
@@ -152,7 +153,7 @@ func TestSenderDeliversPDUsWithEDUs(t *testing.T) {
 
 		clk := clock.NewFake()
 		tr := &pduTransport{fail: true}
-		s := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
+		s := New(db, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
 			Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		done := make(chan struct{})
 		go func() { defer close(done); s.Run(ctx) }()
@@ -209,7 +210,7 @@ func TestSenderPDUsSurviveRestart(t *testing.T) {
 
 		clk := clock.NewFake()
 		down := &pduTransport{fail: true}
-		first := New(db, down, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute,
+		first := New(db, down, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, MinRetry: time.Minute,
 			Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		runCtx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -219,7 +220,7 @@ func TestSenderPDUsSurviveRestart(t *testing.T) {
 		<-done
 
 		up := &pduTransport{}
-		second := New(db, up, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour,
+		second := New(db, up, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour,
 			Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		runCtx, stop = context.WithCancel(ctx)
 		done = make(chan struct{})

@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -18,10 +18,6 @@ type PDUQueue interface {
 	PendingPDUs(ctx context.Context, destination string, limit int) ([]storage.OutboundPDU, error)
 	MarkPDUsSent(ctx context.Context, destination string, sent []storage.OutboundPDU) error
 }
-
-// maxPDUsPerTransaction is the specification's bound on a transaction's
-// PDUs.
-const maxPDUsPerTransaction = 50
 
 // pduDestinations lists the destinations with PDUs waiting.
 func (s *Sender) pduDestinations(ctx context.Context) ([]string, error) {
