@@ -14,9 +14,7 @@ import (
 // transaction ID, retries and leases; a destination with only PDUs
 // waiting is sent to alike.
 type PDUQueue interface {
-	PDUDestinations(ctx context.Context) ([]string, error)
-	PendingPDUs(ctx context.Context, destination string, limit int) ([]storage.OutboundPDU, error)
-	MarkPDUsSent(ctx context.Context, destination string, sent []storage.OutboundPDU) error
+	storage.OutboundPDUs
 }
 
 // pduDestinations lists the destinations with PDUs waiting.

@@ -86,40 +86,13 @@ import (
 // signatures (the EDU is sent anyway, and the error logged).
 type UpdateFormatter func(u storage.OutboundUpdate, deviceNames bool) (eduType string, content json.RawMessage, err error)
 
-// Store is the part of the database the sender uses: the outbound queue
-// and the destinations' leases.
+// Store is the part of the database the sender uses: the queue of
+// device-list and signing-key updates, the destinations' leases and their
+// retry state.
 type Store interface {
-	PendingDestinations(ctx context.Context) ([]string, error)
-	PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error)
-	MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error
-	// AcquireDestination takes (or renews) the right to send to a
-	// destination until expires: held false when another daemon holds it,
-	// kept when owner held it already and nobody took it meanwhile.
-	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (held, kept bool, err error)
-	ReleaseDestination(ctx context.Context, destination, owner string) error
-	// PauseDestination lets any daemon take owner's lease while it waits.
-	PauseDestination(ctx context.Context, destination, owner string) error
-	// HandOverDestination gives up a lease with work left, telling every
-	// daemon.
-	HandOverDestination(ctx context.Context, destination, owner string) error
-	// OutboundOwners identifies the live holders of leases (nil where
-	// one daemon uses the database).
-	OutboundOwners(ctx context.Context) ([]int64, error)
-	// HoldOutboundOwner makes owner a live holder of leases until ctx
-	// ends or lost is closed; leases of owners that are gone are void.
-	HoldOutboundOwner(ctx context.Context, owner string) (lost <-chan struct{}, err error)
-	// ReclaimDeadLeases drops the leases of owners that are gone and
-	// returns their destinations.
-	ReclaimDeadLeases(ctx context.Context) ([]string, error)
-	// The failing destinations' retry state, shared by the daemons.
-	DestinationRetries(ctx context.Context) ([]storage.DestinationRetry, error)
-	DestinationRetryOf(ctx context.Context, destination string) (storage.DestinationRetry, bool, error)
-	RecordDestinationFailure(ctx context.Context, r storage.DestinationRetry) error
-	ResetDestination(ctx context.Context, destination string, heardAt int64) (bool, error)
-	// WatchOutbound calls fn with the daemons' news about destinations.
-	WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error
-	// OutboundDestinations lists the destinations with work or failures.
-	OutboundDestinations(ctx context.Context) ([]storage.OutboundDestination, error)
+	storage.OutboundUpdates
+	storage.OutboundLeases
+	storage.DestinationRetries
 }
 
 // Transport delivers transactions.

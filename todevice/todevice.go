@@ -36,7 +36,7 @@ const MaxContentBytes = 65536
 // Store is what to-device messaging keeps in the database (package
 // sqlstore).
 type Store interface {
-	StoreToDevice(ctx context.Context, send storage.ToDeviceSend) (storage.Change, bool, error)
+	storage.ToDeviceInbox
 }
 
 // Options configure a Service.
