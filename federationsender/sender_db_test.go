@@ -21,17 +21,22 @@ import (
 	"github.com/keyserver/keyserver/storage/postgres"
 )
 
-// recordingTransport captures transactions and fails while told to.
+// recordingTransport captures transactions and fails while told to; with
+// only set, a transaction to another destination is an error.
 type recordingTransport struct {
 	mu   sync.Mutex
+	only string
 	txns []fedclient.Transaction
-	ids  []string
+	ids  []string // every attempt's transaction ID
 	fail bool
 }
 
 func (r *recordingTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.only != "" && dest != r.only {
+		return fmt.Errorf("sent to %s", dest)
+	}
 	r.ids = append(r.ids, txnID)
 	if r.fail {
 		return errors.New("connection refused")
@@ -44,6 +49,12 @@ func (r *recordingTransport) counts() (attempts, delivered int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.ids), len(r.txns)
+}
+
+func (r *recordingTransport) setFail(fail bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = fail
 }
 
 // Only the newest pending update of a device is sent, prev_ids chain per
