@@ -31,7 +31,7 @@ type migration struct {
 var postgresSteps = map[int][]string{
 	20: {writeRoomMessagesV20},
 	22: {`DROP FUNCTION IF EXISTS write_room_messages(TEXT[], BIGINT[], BIGINT[], BIGINT[], BIGINT[], TEXT[], TEXT[], TEXT[],
-		TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], BIGINT, INT[], TEXT[], TEXT, TEXT)`, writeRoomMessagesFunction},
+		TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], BIGINT, INT[], TEXT[], TEXT, TEXT)`, writeRoomMessagesV22},
 }
 
 var migrations = []migration{
@@ -695,10 +695,11 @@ func splitStatements(sqlText string) []string {
 // has moved gives its claim back. The stream's counter is locked after
 // the rooms and transactions, as every room write does. A room's
 // extremity is replaced by its whole key (see txReplaceExtremities).
-// Migration 22 replaces the function of migration 20, which looked the
-// transaction up before moving the room and claimed it after (taking a
-// spare head when the claim failed).
-const writeRoomMessagesFunction = `
+// Migration 22 replaces the function of migration 20 (writeRoomMessagesV20),
+// which looked the transaction up before moving the room and claimed it
+// after (taking a spare head when the claim failed). A change of the
+// function is a new migration with a constant of its own.
+const writeRoomMessagesV22 = `
 CREATE OR REPLACE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[],
 	depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
 	snapshots BIGINT[], prevs TEXT[], txn_users TEXT[], txn_devices TEXT[], txn_paths TEXT[], now_ms BIGINT,
@@ -762,7 +763,7 @@ END
 $$`
 
 // writeRoomMessagesV20 is write_room_messages as migration 20 created it,
-// kept as released: migration 22 replaces it (writeRoomMessagesFunction).
+// kept as released: migration 22 replaces it (writeRoomMessagesV22).
 const writeRoomMessagesV20 = `
 CREATE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[], spare_heads BIGINT[],
 	depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
