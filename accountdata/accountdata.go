@@ -19,11 +19,7 @@ import (
 
 // Store is what account data keeps in the database (package sqlstore).
 type Store interface {
-	SetAccountData(ctx context.Context, userID, roomID, dataType string, content []byte) (storage.Change, error)
-	AccountData(ctx context.Context, userID, roomID, dataType string) ([]byte, error)
-	// UpdateAccountData replaces content by what update makes of it, in
-	// one transaction (room tags).
-	UpdateAccountData(ctx context.Context, userID, roomID, dataType string, update func(old []byte) ([]byte, error)) (storage.Change, error)
+	storage.AccountDataStore
 }
 
 // Service serves account data to its owner.

@@ -22,14 +22,10 @@ import (
 
 // Store is what dehydrated devices keep in the database (package sqlstore).
 type Store interface {
-	CreateDehydratedDevice(ctx context.Context, userID, deviceID, displayName string, now int64) (storage.Change, error)
-	SetDehydratedDevice(ctx context.Context, userID, deviceID string, data []byte) (storage.Change, error)
-	DehydratedDevice(ctx context.Context, userID string) (string, []byte, error)
-	DeleteDehydratedDevice(ctx context.Context, userID string) (string, storage.Change, error)
-	DeleteDevices(ctx context.Context, userID string, deviceIDs []string) ([]string, storage.Change, error)
-	ToDeviceMessages(ctx context.Context, userID, deviceID string, after, upTo storage.StreamPos, limit int) ([]storage.ToDeviceMessage, error)
-	AckToDevice(ctx context.Context, userID, deviceID string, upTo storage.StreamPos) error
-	CurrentPos(ctx context.Context) (storage.StreamPos, error)
+	storage.DehydratedDevices
+	storage.Devices
+	storage.ToDeviceInbox
+	storage.Stream
 }
 
 // KeyUploader checks and stores a device's keys as /keys/upload checks

@@ -59,7 +59,15 @@ func (c *Client) ClaimKeys(ctx context.Context, dest string, req map[string]map[
 	return out, err
 }
 
-// Transaction is the body of PUT /send/{txnId}.
+// The specification's bounds on a transaction: what a sender puts in one
+// and what a receiver accepts.
+const (
+	MaxPDUsPerTransaction = 50
+	MaxEDUsPerTransaction = 100
+)
+
+// Transaction is the body of PUT /send/{txnId}; it carries at most
+// MaxPDUsPerTransaction PDUs and MaxEDUsPerTransaction EDUs.
 type Transaction struct {
 	Origin         string            `json:"origin"`
 	OriginServerTS int64             `json:"origin_server_ts"`

@@ -14,8 +14,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/devicelist/sender"
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/federationsender"
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -71,7 +72,7 @@ func TestOutboundFailuresCountRequestsSent(t *testing.T) {
 		fc := fedclient.New(fedclient.Options{ServerName: "local.test", KeyID: "ed25519:k", PrivateKey: key,
 			SkipVerify: true, MinBackoff: time.Hour, MaxBackoff: time.Hour, Logger: log,
 			AddressPolicy: &fedclient.AddressPolicy{Allow: iprange.MustParse([]string{"127.0.0.0/8"})}})
-		sender := sender.New(store, fc, sender.Options{ServerName: "local.test",
+		sender := federationsender.New(store, fc, federationsender.Options{ServerName: "local.test", FormatUpdate: crosssigning.UpdateEDU,
 			MinRetry: time.Hour, RecentRetry: time.Hour, MaxRetry: time.Hour, Sweep: time.Hour, Logger: log})
 		failures0 := counterValue(t, metrics.OutboundFailures)
 		skipped0 := counterValue(t, metrics.OutboundSkipped)

@@ -30,11 +30,10 @@ type Rooms interface {
 
 // Store is what else the answers read (package sqlstore).
 type Store interface {
-	UserRoomMemberships(ctx context.Context, userID string) ([]storage.RoomMember, error)
-	RoomMembership(ctx context.Context, roomID, userID string) (string, error)
-	AccountDataChanges(ctx context.Context, userID string, from, to storage.StreamPos) ([]storage.AccountData, error)
-	Room(ctx context.Context, roomID string) (storage.Room, error)
-	CurrentPos(ctx context.Context) (storage.StreamPos, error)
+	storage.Memberships
+	storage.AccountDataStore
+	storage.Rooms
+	storage.Stream
 }
 
 // Service answers the initial syncs.

@@ -26,15 +26,7 @@ import (
 
 // Store is what the key backup keeps in the database (package sqlstore).
 type Store interface {
-	CreateBackupVersion(ctx context.Context, userID, algorithm string, authData []byte) (int64, error)
-	BackupVersion(ctx context.Context, userID string, version int64) (storage.BackupVersion, error)
-	UpdateBackupVersion(ctx context.Context, userID string, version int64, authData []byte) error
-	DeleteBackupVersion(ctx context.Context, userID string, version int64) (existed bool, err error)
-	PutBackupKeys(ctx context.Context, userID string, version int64, keys []storage.BackupKey,
-		replaces func(stored, uploaded storage.BackupKey) bool) (storage.BackupKeysResult, error)
-	BackupKeys(ctx context.Context, userID string, version int64, roomID, sessionID string) ([]storage.BackupKey, error)
-	DeleteBackupKeys(ctx context.Context, userID string, version int64, roomID, sessionID string) (storage.BackupKeysResult, error)
-	DeleteUserBackups(ctx context.Context, userID string) error
+	storage.KeyBackups
 }
 
 // Service serves the key backup endpoints of authenticated users.

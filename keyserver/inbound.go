@@ -9,6 +9,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
@@ -27,11 +28,6 @@ import (
 // carries is in the database, and so visible to /keys/query on any daemon
 // sharing it, or once SendWait has passed: a resync that cannot finish in
 // time leaves the user stale for the updater to retry.
-
-const (
-	maxPDUsPerTransaction = 50
-	maxEDUsInTransaction  = 100
-)
 
 // DirectToDeviceReceiver takes the m.direct_to_device EDUs of a
 // transaction (package todevice). An error fails the transaction, which
@@ -72,8 +68,8 @@ func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, b
 	if err := json.Unmarshal(body, &t); err != nil {
 		return nil, mxerr.BadJSON("transaction has the wrong shape: %v", err)
 	}
-	if len(t.PDUs) > maxPDUsPerTransaction || len(t.EDUs) > maxEDUsInTransaction {
-		return nil, mxerr.BadJSON("a transaction carries at most %d PDUs and %d EDUs", maxPDUsPerTransaction, maxEDUsInTransaction)
+	if len(t.PDUs) > fedclient.MaxPDUsPerTransaction || len(t.EDUs) > fedclient.MaxEDUsPerTransaction {
+		return nil, mxerr.BadJSON("a transaction carries at most %d PDUs and %d EDUs", fedclient.MaxPDUsPerTransaction, fedclient.MaxEDUsPerTransaction)
 	}
 	log := s.logger(ctx).WithFields(logrus.Fields{"origin": origin, "txn_id": txnID})
 	// PDUs first: a membership they bring decides whether the device-list

@@ -12,8 +12,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/devicelist/sender"
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/devicelist/updater"
+	"github.com/keyserver/keyserver/federationsender"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
@@ -34,7 +35,7 @@ type Options struct {
 	// resyncs its device-list updates need (default 10 s).
 	SendWait time.Duration
 	// Sender and Updater tune the background workers.
-	Sender  sender.Options
+	Sender  federationsender.Options
 	Updater updater.Options
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
@@ -76,7 +77,7 @@ type Options struct {
 type Service struct {
 	db      storage.Database
 	fed     Federation
-	sender  *sender.Sender
+	sender  *federationsender.Sender
 	updater *updater.Updater
 	// resyncs shares one fetch of a remote user's list among the queries
 	// that need it at once (see ResyncRemoteUser).
@@ -122,10 +123,11 @@ func New(db storage.Database, opts Options) *Service {
 	if s.fed != nil {
 		so := opts.Sender
 		so.ServerName, so.DeviceNames = opts.ServerName, opts.DeviceNamesOverFederation
+		so.FormatUpdate = crosssigning.UpdateEDU
 		if so.Logger == nil {
 			so.Logger = opts.Logger
 		}
-		s.sender = sender.New(db, s.fed, so)
+		s.sender = federationsender.New(db, s.fed, so)
 		uo := opts.Updater
 		if uo.Logger == nil {
 			uo.Logger = opts.Logger
@@ -174,7 +176,7 @@ func (s *Service) ServerAlive(server string) {
 }
 
 // Sender is the outbound device-list sender (nil without federation).
-func (s *Service) Sender() *sender.Sender { return s.sender }
+func (s *Service) Sender() *federationsender.Sender { return s.sender }
 
 // Updater is the remote device-list updater (nil without federation).
 func (s *Service) Updater() *updater.Updater { return s.updater }

@@ -22,10 +22,7 @@ import (
 
 // Store keeps local users' profiles (package sqlstore).
 type Store interface {
-	Profile(ctx context.Context, userID string) (storage.Profile, error)
-	// SetProfileField sets one field ("displayname" or "avatar_url";
-	// value "": none) and returns the profile.
-	SetProfileField(ctx context.Context, userID, field, value string) (storage.Profile, error)
+	storage.Profiles
 }
 
 // Remote asks another server for a user's profile (fedclient.Client).

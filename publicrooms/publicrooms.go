@@ -25,10 +25,8 @@ import (
 
 // Store is what the directory reads and writes (package sqlstore).
 type Store interface {
-	SetRoomPublished(ctx context.Context, roomID string, published bool) error
-	PublishedRooms(ctx context.Context) ([]storage.PublishedRoom, error)
-	Room(ctx context.Context, roomID string) (storage.Room, error)
-	RoomStateEvents(ctx context.Context, roomID string, keys []storage.StateKey) ([]storage.RoomEvent, error)
+	storage.RoomDirectory
+	storage.Rooms
 }
 
 // entryKeys are the pieces of a room's state its entry is read from (not

@@ -116,8 +116,7 @@ type document struct {
 // Store is what push rules keep in the database: the account data
 // (package sqlstore).
 type Store interface {
-	AccountData(ctx context.Context, userID, roomID, dataType string) ([]byte, error)
-	UpdateAccountData(ctx context.Context, userID, roomID, dataType string, update func(old []byte) ([]byte, error)) (storage.Change, error)
+	storage.AccountDataStore
 }
 
 // Service serves a user's push rules to the user.

@@ -3,7 +3,7 @@
 // m.direct_to_device EDUs, for the servers of remote ones; those servers'
 // EDUs come in through Receive. /sync hands a device its inbox (see
 // keyserver.Service.Sync); the device-list sender delivers the queued
-// EDUs (devicelist/sender), from the database, so they survive restarts.
+// EDUs (package federationsender), from the database, so they survive restarts.
 package todevice
 
 import (
@@ -36,7 +36,7 @@ const MaxContentBytes = 65536
 // Store is what to-device messaging keeps in the database (package
 // sqlstore).
 type Store interface {
-	StoreToDevice(ctx context.Context, send storage.ToDeviceSend) (storage.Change, bool, error)
+	storage.ToDeviceInbox
 }
 
 // Options configure a Service.

@@ -19,7 +19,7 @@ import (
 
 // Store is what a search reads (package sqlstore).
 type Store interface {
-	UserDirectoryCandidates(ctx context.Context, searcher, term string, allLocal bool) ([]storage.DirectoryUser, error)
+	storage.UserDirectory
 }
 
 // Service searches the directory.

@@ -44,14 +44,7 @@ import (
 // Store is the part of the database the updater uses: the queue of stale
 // users with their retry state.
 type Store interface {
-	DueStaleUsers(ctx context.Context, now int64, limit int) ([]storage.StaleUser, error)
-	StaleEntry(ctx context.Context, userID string) (storage.StaleUser, bool, error)
-	NextStaleRetry(ctx context.Context) (at int64, ok bool, err error)
-	RescheduleStale(ctx context.Context, userID string, attempts int, retryAt int64) error
-	// DeferServer holds back every stale user of a server until a time;
-	// RetryServerNow makes them all due.
-	DeferServer(ctx context.Context, serverName string, until int64) error
-	RetryServerNow(ctx context.Context, serverName string) error
+	storage.StaleQueue
 }
 
 // dbErrorLogInterval is how often a database error of one kind is logged

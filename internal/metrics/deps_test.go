@@ -18,7 +18,7 @@ func TestDomainDoesNotDependOnRouter(t *testing.T) {
 	pkgs := []string{
 		"github.com/keyserver/keyserver/internal/metrics",
 		"github.com/keyserver/keyserver/keyserver",
-		"github.com/keyserver/keyserver/devicelist/sender",
+		"github.com/keyserver/keyserver/federationsender",
 		"github.com/keyserver/keyserver/devicelist/updater",
 		"github.com/keyserver/keyserver/syncnotify",
 		"github.com/keyserver/keyserver/crosssigning",

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"sort"
 	"strings"
 
 	"github.com/keyserver/keyserver/storage"
@@ -31,6 +32,7 @@ func MigrationCount() int { return len(migrations) }
 // QueueRoomPDUs runs txQueueRoomPDUs in a transaction of its own, as a
 // write of events received from another server will.
 func (s *Store) QueueRoomPDUs(ctx context.Context, roomID string, events []storage.RoomEvent, skip []string) (queued bool, err error) {
+	defer named("QueueRoomPDUs", &err)
 	err = s.write(ctx, func(tx *txn) error {
 		members, err := s.txRoomMembers(ctx, tx, roomID, 0)
 		if err != nil {
@@ -59,7 +61,8 @@ func (s *Store) MigrationStatements(v int) []string {
 
 // TestWrite runs fn as a write transaction of the store (exec runs a
 // statement in it, pos takes the next stream position).
-func (s *Store) TestWrite(ctx context.Context, fn func(exec func(query string, args ...any) error, pos func() error) error) (storage.Change, error) {
+func (s *Store) TestWrite(ctx context.Context, fn func(exec func(query string, args ...any) error, pos func() error) error) (_ storage.Change, err error) {
+	defer named("TestWrite", &err)
 	return s.writeChange(ctx, func(tx *txn) error {
 		exec := func(query string, args ...any) error {
 			_, err := tx.ExecContext(ctx, query, args...)
@@ -101,7 +104,8 @@ func (s *Store) Batches() int64 {
 }
 
 // TestStatements runs statements as writes outside a transaction do.
-func (s *Store) TestStatements(ctx context.Context, queries ...string) error {
+func (s *Store) TestStatements(ctx context.Context, queries ...string) (err error) {
+	defer named("TestStatements", &err)
 	return s.writeStatements(ctx, func(q querier) error {
 		for _, query := range queries {
 			if _, err := q.ExecContext(ctx, query); err != nil {
@@ -110,4 +114,36 @@ func (s *Store) TestStatements(ctx context.Context, queries ...string) error {
 		}
 		return nil
 	})
+}
+
+// KeyCounts returns a device's unclaimed one-time keys per algorithm and
+// the algorithms whose fallback key has not been handed out, in one query:
+// what tests compare with the stored keys.
+func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (_ map[string]int, _ []string, err error) {
+	defer named("KeyCounts", &err)
+	rows, err := s.q.QueryContext(ctx, `
+		SELECT 'otk', algorithm, unclaimed FROM one_time_key_counts WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
+		UNION ALL
+		SELECT 'fallback', algorithm, 0 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND NOT used`,
+		userID, deviceID)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	counts := map[string]int{}
+	unused := []string{}
+	for rows.Next() {
+		var kind, alg string
+		var n int
+		if err := rows.Scan(&kind, &alg, &n); err != nil {
+			return nil, nil, err
+		}
+		if kind == "otk" {
+			counts[alg] = n
+		} else {
+			unused = append(unused, alg)
+		}
+	}
+	sort.Strings(unused)
+	return counts, unused, rows.Err()
 }

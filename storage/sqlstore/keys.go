@@ -396,34 +396,3 @@ func (s *Store) claimKey(ctx context.Context, q querier, r storage.ClaimRequest)
 	}
 	return c, err == nil, err
 }
-
-// KeyCounts returns a device's unclaimed one-time keys per algorithm and the
-// algorithms whose fallback key has not been handed out, in one query.
-func (s *Store) KeyCounts(ctx context.Context, userID, deviceID string) (_ map[string]int, _ []string, err error) {
-	defer named("KeyCounts", &err)
-	rows, err := s.q.QueryContext(ctx, `
-		SELECT 'otk', algorithm, unclaimed FROM one_time_key_counts WHERE user_id = $1 AND device_id = $2 AND unclaimed > 0
-		UNION ALL
-		SELECT 'fallback', algorithm, 0 FROM fallback_keys WHERE user_id = $1 AND device_id = $2 AND NOT used`,
-		userID, deviceID)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer rows.Close()
-	counts := map[string]int{}
-	unused := []string{}
-	for rows.Next() {
-		var kind, alg string
-		var n int
-		if err := rows.Scan(&kind, &alg, &n); err != nil {
-			return nil, nil, err
-		}
-		if kind == "otk" {
-			counts[alg] = n
-		} else {
-			unused = append(unused, alg)
-		}
-	}
-	sort.Strings(unused)
-	return counts, unused, rows.Err()
-}

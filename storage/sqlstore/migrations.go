@@ -24,10 +24,14 @@ type migration struct {
 // postgresSteps are the parts of migrations that PostgreSQL alone runs,
 // after the step's shared SQL, each as one statement (it may hold
 // semicolons: a function's body).
+//
+// A released step never changes (frozen_test.go holds the digest of each):
+// a database that ran it must end where a fresh one does, so a change is a
+// new step, with SQL of its own.
 var postgresSteps = map[int][]string{
-	20: {writeRoomMessagesFunction},
+	20: {writeRoomMessagesV20},
 	22: {`DROP FUNCTION IF EXISTS write_room_messages(TEXT[], BIGINT[], BIGINT[], BIGINT[], BIGINT[], TEXT[], TEXT[], TEXT[],
-		TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], BIGINT, INT[], TEXT[], TEXT, TEXT)`, writeRoomMessagesFunction},
+		TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], BIGINT, INT[], TEXT[], TEXT, TEXT)`, writeRoomMessagesV22},
 }
 
 var migrations = []migration{
@@ -569,17 +573,20 @@ CREATE TABLE profiles (
 	{23, "outbound destinations' retry state", `
 -- the destinations whose deliveries fail, shared by the daemons of the
 -- database: the attempts since one last got through or the destination was
--- last heard from, the first of them, when the next is due, and when the
--- last was stored (a sign of life forgets only failures stored before it)
+-- last heard from, the first of them, and when the next is due
 CREATE TABLE outbound_destinations (
 	destination      {{TEXT}} PRIMARY KEY,
 	attempts         INTEGER NOT NULL,
 	failing_since_ts {{BIGINT}} NOT NULL,
-	retry_at_ts      {{BIGINT}} NOT NULL,
-	recorded_ts      {{BIGINT}} NOT NULL DEFAULT 0
+	retry_at_ts      {{BIGINT}} NOT NULL
 );
 `},
-	{24, "media repository", `
+	{24, "outbound destinations: when the last failure was stored", `
+-- a sign of life forgets only the failures stored before it; 0 for those
+-- stored before this column was
+ALTER TABLE outbound_destinations ADD COLUMN recorded_ts {{BIGINT}} NOT NULL DEFAULT 0;
+`},
+	{25, "media repository", `
 -- a piece of media: a local upload (origin is this server) or a remote
 -- file cached here. Its bytes are a file named by sha256 under the media
 -- directory; sha256 is '' while an ID reserved for an asynchronous upload
@@ -615,7 +622,7 @@ CREATE TABLE media_thumbnails (
 	PRIMARY KEY (origin, media_id, width, height, method)
 );
 `},
-	{25, "pushers, notifications and unread counts", `
+	{26, "pushers, notifications and unread counts", `
 -- a device's registration for push notifications; it lives while its
 -- device (user_id, device_id) has an access token
 CREATE TABLE pushers (
@@ -774,10 +781,11 @@ func splitStatements(sqlText string) []string {
 // has moved gives its claim back. The stream's counter is locked after
 // the rooms and transactions, as every room write does. A room's
 // extremity is replaced by its whole key (see txReplaceExtremities).
-// Migration 22 replaces the function of migration 20, which looked the
-// transaction up before moving the room and claimed it after (taking a
-// spare head when the claim failed).
-const writeRoomMessagesFunction = `
+// Migration 22 replaces the function of migration 20 (writeRoomMessagesV20),
+// which looked the transaction up before moving the room and claimed it
+// after (taking a spare head when the claim failed). A change of the
+// function is a new migration with a constant of its own.
+const writeRoomMessagesV22 = `
 CREATE OR REPLACE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[],
 	depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
 	snapshots BIGINT[], prevs TEXT[], txn_users TEXT[], txn_devices TEXT[], txn_paths TEXT[], now_ms BIGINT,
@@ -811,6 +819,75 @@ BEGIN
 			msg := k - 1; outcome := 1; at_pos := NULL;
 			RETURN NEXT;
 			CONTINUE;
+		END IF;
+		moved[k] := true;
+		written := written + 1;
+	END LOOP;
+	IF written = 0 THEN
+		RETURN;
+	END IF;
+	UPDATE stream_position SET pos = pos + written WHERE id = 1 RETURNING pos - written INTO v_pos;
+	FOR k IN 1..n LOOP
+		CONTINUE WHEN NOT moved[k];
+		v_pos := v_pos + 1;
+		INSERT INTO room_events (event_id, room_id, event_type, sender, depth, room_version, event_json, state_before, state_after, pos)
+			VALUES (event_ids[k], room_ids[k], event_types[k], senders[k], depths[k], room_versions[k], event_jsons[k],
+				snapshots[k], snapshots[k], v_pos)
+			RETURNING event_nid INTO v_nid;
+		UPDATE room_extremities SET event_id = event_ids[k] WHERE room_id = room_ids[k] AND event_id = prevs[k];
+		IF k - 1 = ANY (target_idx) THEN
+			INSERT INTO outbound_pdus (destination, event_nid)
+				SELECT d.destination, v_nid FROM unnest(target_idx, targets) AS d(i, destination) WHERE d.i = k - 1
+				ORDER BY d.destination
+				ON CONFLICT DO NOTHING;
+		END IF;
+		msg := k - 1; outcome := 0; at_pos := v_pos;
+		RETURN NEXT;
+	END LOOP;
+	PERFORM pg_notify(channel, payload);
+END
+$$`
+
+// writeRoomMessagesV20 is write_room_messages as migration 20 created it,
+// kept as released: migration 22 replaces it (writeRoomMessagesV22).
+const writeRoomMessagesV20 = `
+CREATE FUNCTION write_room_messages(room_ids TEXT[], heads BIGINT[], new_heads BIGINT[], spare_heads BIGINT[],
+	depths BIGINT[], event_ids TEXT[], event_types TEXT[], senders TEXT[], room_versions TEXT[], event_jsons TEXT[],
+	snapshots BIGINT[], prevs TEXT[], txn_users TEXT[], txn_devices TEXT[], txn_paths TEXT[], now_ms BIGINT,
+	target_idx INT[], targets TEXT[], channel TEXT, payload TEXT)
+RETURNS TABLE (msg INT, outcome INT, at_pos BIGINT)
+LANGUAGE plpgsql AS $$
+DECLARE
+	n INT := COALESCE(array_length(room_ids, 1), 0);
+	moved BOOLEAN[] := array_fill(false, ARRAY[n]);
+	written INT := 0;
+	v_pos BIGINT;
+	v_nid BIGINT;
+BEGIN
+	FOR k IN 1..n LOOP
+		IF txn_users[k] IS NOT NULL AND EXISTS (SELECT 1 FROM room_txns
+				WHERE user_id = txn_users[k] AND device_id = txn_devices[k] AND txn_path = txn_paths[k]) THEN
+			msg := k - 1; outcome := 2; at_pos := NULL;
+			RETURN NEXT;
+			CONTINUE;
+		END IF;
+		UPDATE rooms SET head = new_heads[k], depth = GREATEST(depth, depths[k])
+			WHERE room_id = room_ids[k] AND head = heads[k];
+		IF NOT FOUND THEN
+			msg := k - 1; outcome := 1; at_pos := NULL;
+			RETURN NEXT;
+			CONTINUE;
+		END IF;
+		IF txn_users[k] IS NOT NULL THEN
+			INSERT INTO room_txns (user_id, device_id, txn_path, event_id, created_ts)
+				VALUES (txn_users[k], txn_devices[k], txn_paths[k], event_ids[k], now_ms)
+				ON CONFLICT DO NOTHING;
+			IF NOT FOUND THEN
+				UPDATE rooms SET head = spare_heads[k] WHERE room_id = room_ids[k];
+				msg := k - 1; outcome := 2; at_pos := NULL;
+				RETURN NEXT;
+				CONTINUE;
+			END IF;
 		END IF;
 		moved[k] := true;
 		written := written + 1;

@@ -12,7 +12,7 @@ import (
 
 // The outbound PDU queue (table outbound_pdus, migration 16): our room
 // events waiting for the other servers of their rooms. The device-list
-// sender (package devicelist/sender, its PDUQueue) delivers them in the
+// sender (package federationsender, its PDUQueue) delivers them in the
 // transactions of its EDUs.
 
 // txQueueRoomPDUs queues events of a room for the other servers in it, in

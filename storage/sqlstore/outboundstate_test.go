@@ -291,3 +291,37 @@ func TestOutboundDestinations(t *testing.T) {
 		}
 	})
 }
+
+// A database that ran migration 23 as released (retry state without the
+// time a failure was stored) gets the column from migration 24: the
+// failures stored before keep their state, and a sign of life forgets
+// only those stored before it.
+func TestRetryStateOfMigration23Upgraded(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		ctx := context.Background()
+		old, err := sqlstore.OpenAtSchema(ctx, db.URI, 23)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := old.DB().ExecContext(ctx, `INSERT INTO outbound_destinations
+			(destination, attempts, failing_since_ts, retry_at_ts) VALUES ('old.test', 2, 1000, 5000)`); err != nil {
+			t.Fatal(err)
+		}
+		old.Close()
+		s := open(t, db)
+		want := storage.DestinationRetry{Destination: "old.test", Attempts: 2, FailingSince: 1000, RetryAt: 5000}
+		if got, ok, err := s.DestinationRetryOf(ctx, "old.test"); err != nil || !ok || got != want {
+			t.Fatalf("retry state %+v %v %v, want %+v", got, ok, err, want)
+		}
+		r := storage.DestinationRetry{Destination: "new.test", Attempts: 1, FailingSince: 2000, RetryAt: 9000, RecordedAt: 2000}
+		if err := s.RecordDestinationFailure(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if reset, err := s.ResetDestination(ctx, "new.test", 1500); err != nil || reset {
+			t.Fatalf("a sign of life older than the failure reset it: %v %v", reset, err)
+		}
+		if reset, err := s.ResetDestination(ctx, "old.test", 1500); err != nil || !reset {
+			t.Fatalf("a sign of life did not reset a failure stored before the upgrade: %v %v", reset, err)
+		}
+	})
+}

@@ -1,14 +1,13 @@
-package sender
+package federationsender
 
 import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/internal/workertest"
@@ -72,44 +71,9 @@ func (r *pduRoom) messages(prefix string, n int) []string {
 	return ids
 }
 
-// pduTransport records the transactions delivered to remote.test and
-// fails while told to.
-type pduTransport struct {
-	mu   sync.Mutex
-	fail bool
-	ids  []string // every attempt's transaction ID
-	txns []fedclient.Transaction
-}
-
-func (p *pduTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if dest != "remote.test" {
-		return fmt.Errorf("sent to %s", dest)
-	}
-	p.ids = append(p.ids, txnID)
-	if p.fail {
-		return fmt.Errorf("connection refused")
-	}
-	p.txns = append(p.txns, t)
-	return nil
-}
-
-func (p *pduTransport) counts() (attempts, delivered int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.ids), len(p.txns)
-}
-
-func (p *pduTransport) setFail(fail bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.fail = fail
-}
-
 // deliveredPDUs lists the event IDs delivered, in order, checking each
 // PDU is the stored JSON.
-func (p *pduTransport) deliveredPDUs(t *testing.T) []string {
+func (p *recordingTransport) deliveredPDUs(t *testing.T) []string {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -151,8 +115,8 @@ func TestSenderDeliversPDUsWithEDUs(t *testing.T) {
 		sent := room.messages("m", 120)
 
 		clk := clock.NewFake()
-		tr := &pduTransport{fail: true}
-		s := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
+		tr := &recordingTransport{only: "remote.test", fail: true}
+		s := New(db, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
 			Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		done := make(chan struct{})
 		go func() { defer close(done); s.Run(ctx) }()
@@ -208,8 +172,8 @@ func TestSenderPDUsSurviveRestart(t *testing.T) {
 		room.write(false, nil, room.event("$after", "m.room.message", nil, ""))
 
 		clk := clock.NewFake()
-		down := &pduTransport{fail: true}
-		first := New(db, down, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute,
+		down := &recordingTransport{only: "remote.test", fail: true}
+		first := New(db, down, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, MinRetry: time.Minute,
 			Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		runCtx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -218,8 +182,8 @@ func TestSenderPDUsSurviveRestart(t *testing.T) {
 		stop()
 		<-done
 
-		up := &pduTransport{}
-		second := New(db, up, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour,
+		up := &recordingTransport{only: "remote.test"}
+		second := New(db, up, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour,
 			Jitter: workertest.NoJitter, Logger: workertest.Quiet(), PDUs: db})
 		runCtx, stop = context.WithCancel(ctx)
 		done = make(chan struct{})

@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/testdb"
@@ -20,17 +21,22 @@ import (
 	"github.com/keyserver/keyserver/storage/postgres"
 )
 
-// recordingTransport captures transactions and fails while told to.
+// recordingTransport captures transactions and fails while told to; with
+// only set, a transaction to another destination is an error.
 type recordingTransport struct {
 	mu   sync.Mutex
+	only string
 	txns []fedclient.Transaction
-	ids  []string
+	ids  []string // every attempt's transaction ID
 	fail bool
 }
 
 func (r *recordingTransport) SendTransaction(ctx context.Context, dest, txnID string, t fedclient.Transaction) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.only != "" && dest != r.only {
+		return fmt.Errorf("sent to %s", dest)
+	}
 	r.ids = append(r.ids, txnID)
 	if r.fail {
 		return errors.New("connection refused")
@@ -45,92 +51,100 @@ func (r *recordingTransport) counts() (attempts, delivered int) {
 	return len(r.ids), len(r.txns)
 }
 
+func (r *recordingTransport) setFail(fail bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = fail
+}
+
 // Only the newest pending update of a device is sent, prev_ids chain per
 // destination, failures back off and a sign of life ends the wait.
 func TestSenderDedupPrevIDAndBackoff(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	db := workertest.OpenStore(t, "local.test")
-	alice := "@alice:local.test"
-	if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
-		t.Fatal(err)
-	}
-	login := func(device string) storage.StreamPos {
-		r, err := db.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: device, TokenHash: device})
+	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		db := workertest.Open(t, tdb)
+		alice := "@alice:local.test"
+		if _, err := db.CreateAccount(ctx, alice, "x", nil); err != nil {
+			t.Fatal(err)
+		}
+		login := func(device string) storage.StreamPos {
+			r, err := db.Login(ctx, storage.NewLogin{UserID: alice, DeviceID: device, TokenHash: device})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.Pos
+		}
+		rename := func(device, name string) storage.StreamPos {
+			pos, err := db.SetDeviceDisplayName(ctx, alice, device, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pos.Pos
+		}
+		d1 := login("D1") // not queued: nobody remote shares a room yet
+		for _, u := range []string{alice, "@bob:remote.test"} {
+			if _, err := db.SetMembership(ctx, "!r:x", u, storage.MembershipJoin, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rename("D1", "one")
+		latest := rename("D1", "two") // replaces the pending "one"
+		d2 := login("D2")
+		pending, err := db.PendingUpdates(ctx, "remote.test", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.Pos
-	}
-	rename := func(device, name string) storage.StreamPos {
-		pos, err := db.SetDeviceDisplayName(ctx, alice, device, name)
-		if err != nil {
-			t.Fatal(err)
+		if len(pending) != 2 || pending[0].StreamID != int64(latest) || pending[1].StreamID != int64(d2) {
+			t.Fatalf("pending %+v, want D1 at %d and D2 at %d", pending, latest, d2)
 		}
-		return pos.Pos
-	}
-	d1 := login("D1") // not queued: nobody remote shares a room yet
-	for _, u := range []string{alice, "@bob:remote.test"} {
-		if _, err := db.SetMembership(ctx, "!r:x", u, storage.MembershipJoin, 0); err != nil {
-			t.Fatal(err)
+		// Never sent here: the chain starts at the last change before the room
+		// was shared (what a fetch of the list then reports), not at the
+		// replaced "one", which never went out.
+		if pending[0].PrevID != int64(d1) || pending[1].PrevID != int64(latest) {
+			t.Fatalf("prev_ids %d, %d, want %d, %d", pending[0].PrevID, pending[1].PrevID, d1, latest)
 		}
-	}
-	rename("D1", "one")
-	latest := rename("D1", "two") // replaces the pending "one"
-	d2 := login("D2")
-	pending, err := db.PendingUpdates(ctx, "remote.test", 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pending) != 2 || pending[0].StreamID != int64(latest) || pending[1].StreamID != int64(d2) {
-		t.Fatalf("pending %+v, want D1 at %d and D2 at %d", pending, latest, d2)
-	}
-	// Never sent here: the chain starts at the last change before the room
-	// was shared (what a fetch of the list then reports), not at the
-	// replaced "one", which never went out.
-	if pending[0].PrevID != int64(d1) || pending[1].PrevID != int64(latest) {
-		t.Fatalf("prev_ids %d, %d, want %d, %d", pending[0].PrevID, pending[1].PrevID, d1, latest)
-	}
 
-	clk := clock.NewFake()
-	tr := &recordingTransport{fail: true}
-	sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
-		Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
-	go sender.Run(ctx)
-	start := clk.Now()
-	workertest.WaitUntil(t, "the first attempt", func() bool { a, _ := tr.counts(); return a == 1 })
-	// Advance only once the sender waits for the retry.
-	workertest.WaitUntil(t, "the wait for the retry", func() bool { return clk.WaitsUntil(start.Add(time.Minute)) })
-	clk.Advance(59 * time.Second)
-	if a, _ := tr.counts(); a != 1 {
-		t.Fatal("retried before the backoff ended")
-	}
-	clk.Advance(time.Second)
-	workertest.WaitUntil(t, "the second attempt", func() bool { a, _ := tr.counts(); return a == 2 })
-	tr.mu.Lock()
-	tr.fail = false
-	sameID := tr.ids[0] == tr.ids[1]
-	tr.mu.Unlock()
-	if !sameID {
-		t.Fatal("a retried batch changed its transaction ID")
-	}
-	sender.DestinationAlive("remote.test") // ends the two-minute wait at once
-	workertest.WaitUntil(t, "delivery", func() bool { _, d := tr.counts(); return d == 1 })
-	edus := tr.txns[0].EDUs
-	if len(edus) != 2 || edus[0].Type != "m.device_list_update" {
-		t.Fatalf("EDUs %v", edus)
-	}
-	workertest.WaitUntil(t, "the queue to empty", func() bool { p, _ := db.PendingDestinations(ctx); return len(p) == 0 })
+		clk := clock.NewFake()
+		tr := &recordingTransport{fail: true}
+		sender := New(db, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, MinRetry: time.Minute, MaxRetry: time.Hour, RecentRetry: 2 * time.Minute, Maintain: time.Hour,
+			Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: workertest.Quiet()})
+		go sender.Run(ctx)
+		start := clk.Now()
+		workertest.WaitUntil(t, "the first attempt", func() bool { a, _ := tr.counts(); return a == 1 })
+		// Advance only once the sender waits for the retry.
+		workertest.WaitUntil(t, "the wait for the retry", func() bool { return clk.WaitsUntil(start.Add(time.Minute)) })
+		clk.Advance(59 * time.Second)
+		if a, _ := tr.counts(); a != 1 {
+			t.Fatal("retried before the backoff ended")
+		}
+		clk.Advance(time.Second)
+		workertest.WaitUntil(t, "the second attempt", func() bool { a, _ := tr.counts(); return a == 2 })
+		tr.mu.Lock()
+		tr.fail = false
+		sameID := tr.ids[0] == tr.ids[1]
+		tr.mu.Unlock()
+		if !sameID {
+			t.Fatal("a retried batch changed its transaction ID")
+		}
+		sender.DestinationAlive("remote.test") // ends the two-minute wait at once
+		workertest.WaitUntil(t, "delivery", func() bool { _, d := tr.counts(); return d == 1 })
+		edus := tr.txns[0].EDUs
+		if len(edus) != 2 || edus[0].Type != "m.device_list_update" {
+			t.Fatalf("EDUs %v", edus)
+		}
+		workertest.WaitUntil(t, "the queue to empty", func() bool { p, _ := db.PendingDestinations(ctx); return len(p) == 0 })
 
-	// The next update chains to the last one delivered.
-	rename("D2", "x")
-	sender.Poke()
-	workertest.WaitUntil(t, "the next delivery", func() bool { _, d := tr.counts(); return d == 2 })
-	want := fmt.Sprintf(`"prev_id":[%d]`, d2)
-	if got := string(tr.txns[1].EDUs[0].Content); !strings.Contains(got, want) {
-		t.Fatalf("EDU %s lacks %s", got, want)
-	}
-	workertest.WaitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
+		// The next update chains to the last one delivered.
+		rename("D2", "x")
+		sender.Poke()
+		workertest.WaitUntil(t, "the next delivery", func() bool { _, d := tr.counts(); return d == 2 })
+		want := fmt.Sprintf(`"prev_id":[%d]`, d2)
+		if got := string(tr.txns[1].EDUs[0].Content); !strings.Contains(got, want) {
+			t.Fatalf("EDU %s lacks %s", got, want)
+		}
+		workertest.WaitUntil(t, "the worker to go away", func() bool { return sender.Busy() == 0 })
+	})
 }
 
 // leaseSetup makes a store on tdb with @alice:local.test sharing a room
@@ -190,7 +204,7 @@ func runSender(t *testing.T, counted *leaseCounter) (*Sender, *clock.Fake, *reco
 	ctx, cancel := context.WithCancel(context.Background())
 	clk := clock.NewFake()
 	tr := &recordingTransport{}
-	sender := New(counted, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
+	sender := New(counted, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet()})
 	done := make(chan struct{})
 	go func() { defer close(done); sender.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -356,7 +370,7 @@ func TestSenderLogsDatabaseErrors(t *testing.T) {
 		clk := clock.NewFake()
 		log, hook := logtest.NewNullLogger()
 		tr := &recordingTransport{}
-		sender := New(db, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: log})
+		sender := New(db, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour, Jitter: workertest.NoJitter, Logger: log})
 		done := make(chan struct{})
 		go func() { defer close(done); sender.Run(ctx) }()
 		defer func() { cancel(); <-done }()

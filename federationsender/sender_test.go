@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/clock"
 	"github.com/keyserver/keyserver/internal/workertest"
@@ -67,6 +68,9 @@ func startTest(q Store, tr Transport, o Options) *Sender {
 		o.Jitter = workertest.NoJitter
 	}
 	o.ServerName = "local.test"
+	if o.FormatUpdate == nil {
+		o.FormatUpdate = crosssigning.UpdateEDU
+	}
 	s := New(q, tr, o)
 	s.running = true
 	return s
@@ -196,7 +200,7 @@ func TestRetryDecisions(t *testing.T) {
 // A destination silent for over an hour waits as long again as it has
 // been silent beyond the hour, up to the cap; within the hour, at most 30 s.
 func TestRetryDelay(t *testing.T) {
-	s := New(newFakeQueue(), &scriptedTransport{}, Options{Jitter: workertest.NoJitter})
+	s := New(newFakeQueue(), &scriptedTransport{}, Options{FormatUpdate: crosssigning.UpdateEDU, Jitter: workertest.NoJitter})
 	for _, tc := range []struct {
 		attempt int
 		silent  time.Duration
@@ -216,7 +220,7 @@ func TestRetryDelay(t *testing.T) {
 		}
 	}
 	// Jitter only shortens a capped wait: never over 30 s within the hour.
-	s = New(newFakeQueue(), &scriptedTransport{}, Options{Jitter: func(n int64) int64 { return n - 1 }})
+	s = New(newFakeQueue(), &scriptedTransport{}, Options{FormatUpdate: crosssigning.UpdateEDU, Jitter: func(n int64) int64 { return n - 1 }})
 	if got := s.retryDelay(10, time.Minute); got > 30*time.Second || got < 22*time.Second {
 		t.Errorf("capped wait with the most jitter: %v", got)
 	}
@@ -371,30 +375,6 @@ func TestLooksAgainAfterGivingBackTheLease(t *testing.T) {
 	}
 }
 
-// The EDU carries the device's state and its place in the user's chain:
-// prev_id names the update sent before (none: empty), a deleted device
-// has no keys, and names go out only when allowed.
-func TestEDUContent(t *testing.T) {
-	name := "Alice's phone"
-	for _, tc := range []struct {
-		names bool
-		u     storage.OutboundUpdate
-		want  string
-	}{
-		{false, storage.OutboundUpdate{UserID: "@a:l", DeviceID: "D", StreamID: 5, KeyJSON: []byte(`{"k":1}`), DisplayName: &name},
-			`{"deleted":false,"device_id":"D","keys":{"k":1},"prev_id":[],"stream_id":5,"user_id":"@a:l"}`},
-		{true, storage.OutboundUpdate{UserID: "@a:l", DeviceID: "D", StreamID: 9, PrevID: 5, KeyJSON: []byte(`{"k":1}`), DisplayName: &name},
-			`{"deleted":false,"device_display_name":"Alice's phone","device_id":"D","keys":{"k":1},"prev_id":[5],"stream_id":9,"user_id":"@a:l"}`},
-		{true, storage.OutboundUpdate{UserID: "@a:l", DeviceID: "D", StreamID: 12, PrevID: 9, Deleted: true, KeyJSON: []byte(`{"k":1}`), DisplayName: &name},
-			`{"deleted":true,"device_id":"D","prev_id":[9],"stream_id":12,"user_id":"@a:l"}`},
-	} {
-		s := New(newFakeQueue(), &scriptedTransport{}, Options{DeviceNames: tc.names})
-		if got := string(s.eduContent(workertest.Quiet(), tc.u)); got != tc.want {
-			t.Errorf("got  %s\nwant %s", got, tc.want)
-		}
-	}
-}
-
 // blockingTransport holds every send until released, counting the sends
 // in flight.
 type blockingTransport struct {
@@ -437,7 +417,7 @@ func TestPoolBoundsConcurrentSends(t *testing.T) {
 		q.add(fmt.Sprintf("s%02d.test", i), 1)
 	}
 	tr := &blockingTransport{delivered: map[string]int{}, release: make(chan struct{})}
-	s := New(q, tr, Options{ServerName: "local.test", Workers: 3, Clock: clock.NewFake(), Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
+	s := New(q, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Workers: 3, Clock: clock.NewFake(), Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
@@ -467,7 +447,7 @@ func TestSignalsDoNotWaitOnTheDatabase(t *testing.T) {
 			hold := make(chan struct{})
 			q.hold[op] = hold
 			tr := &scriptedTransport{}
-			s := New(q, tr, Options{ServerName: "local.test", Workers: 2, Clock: clock.NewFake(), Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
+			s := New(q, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Workers: 2, Clock: clock.NewFake(), Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
 			done := make(chan struct{})
 			go func() { defer close(done); s.Run(ctx) }()
 			defer func() { cancel(); <-done }()
@@ -548,7 +528,7 @@ func TestWorkersShareFewDatabaseSlots(t *testing.T) {
 	q.mu.Unlock()
 	tr := &blockingTransport{delivered: map[string]int{}, release: make(chan struct{})}
 	close(tr.release)
-	s := New(q, tr, Options{ServerName: "local.test", Workers: 6, DatabaseSlots: 2, Clock: clock.NewFake(),
+	s := New(q, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Workers: 6, DatabaseSlots: 2, Clock: clock.NewFake(),
 		Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
@@ -630,7 +610,7 @@ func TestLostHoldStopsTheSends(t *testing.T) {
 	q.add("remote.test", 1)
 	tr := &hangingTransport{}
 	clk := clock.NewFake()
-	s := New(q, tr, Options{ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
+	s := New(q, tr, Options{FormatUpdate: crosssigning.UpdateEDU, ServerName: "local.test", Clock: clk, Sweep: time.Hour, Logger: workertest.Quiet(), Jitter: workertest.NoJitter})
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(ctx) }()
 	defer func() { cancel(); <-done }()

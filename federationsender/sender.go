@@ -1,8 +1,11 @@
-// Package sender sends the local users' device-list and cross-signing key
-// changes to the other servers that share a room with them, and with them
-// the other queues of the same destinations: to-device messages and our
-// room events.
-package sender
+// Package federationsender is the federation outbound queue: it delivers
+// to other servers, in /send transactions, what the database queues for
+// them: the local users' device-list and cross-signing key changes (as
+// EDUs the keys domain formats, Options.FormatUpdate), to-device messages
+// and our room events. It knows no domain's rules: it reads the queues,
+// batches, delivers, retries, and shares the destinations with the other
+// daemons of the database through leases.
+package federationsender
 
 import (
 	"context"
@@ -18,7 +21,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/backoff"
 	"github.com/keyserver/keyserver/internal/clock"
@@ -79,40 +81,18 @@ import (
 // sender something (a local change, a sign of life) never wait on the
 // database or on another server.
 
-// Store is the part of the database the sender uses: the outbound queue
-// and the destinations' leases.
+// UpdateFormatter makes the EDU of a queued update of a local user's keys:
+// its type and content, and an error when a key goes without some of its
+// signatures (the EDU is sent anyway, and the error logged).
+type UpdateFormatter func(u storage.OutboundUpdate, deviceNames bool) (eduType string, content json.RawMessage, err error)
+
+// Store is the part of the database the sender uses: the queue of
+// device-list and signing-key updates, the destinations' leases and their
+// retry state.
 type Store interface {
-	PendingDestinations(ctx context.Context) ([]string, error)
-	PendingUpdates(ctx context.Context, destination string, limit int) ([]storage.OutboundUpdate, error)
-	MarkUpdatesSent(ctx context.Context, destination string, sent []storage.OutboundUpdate) error
-	// AcquireDestination takes (or renews) the right to send to a
-	// destination until expires: held false when another daemon holds it,
-	// kept when owner held it already and nobody took it meanwhile.
-	AcquireDestination(ctx context.Context, destination, owner string, now, expires int64) (held, kept bool, err error)
-	ReleaseDestination(ctx context.Context, destination, owner string) error
-	// PauseDestination lets any daemon take owner's lease while it waits.
-	PauseDestination(ctx context.Context, destination, owner string) error
-	// HandOverDestination gives up a lease with work left, telling every
-	// daemon.
-	HandOverDestination(ctx context.Context, destination, owner string) error
-	// OutboundOwners identifies the live holders of leases (nil where
-	// one daemon uses the database).
-	OutboundOwners(ctx context.Context) ([]int64, error)
-	// HoldOutboundOwner makes owner a live holder of leases until ctx
-	// ends or lost is closed; leases of owners that are gone are void.
-	HoldOutboundOwner(ctx context.Context, owner string) (lost <-chan struct{}, err error)
-	// ReclaimDeadLeases drops the leases of owners that are gone and
-	// returns their destinations.
-	ReclaimDeadLeases(ctx context.Context) ([]string, error)
-	// The failing destinations' retry state, shared by the daemons.
-	DestinationRetries(ctx context.Context) ([]storage.DestinationRetry, error)
-	DestinationRetryOf(ctx context.Context, destination string) (storage.DestinationRetry, bool, error)
-	RecordDestinationFailure(ctx context.Context, r storage.DestinationRetry) error
-	ResetDestination(ctx context.Context, destination string, heardAt int64) (bool, error)
-	// WatchOutbound calls fn with the daemons' news about destinations.
-	WatchOutbound(ctx context.Context, fn func(storage.OutboundEvent)) error
-	// OutboundDestinations lists the destinations with work or failures.
-	OutboundDestinations(ctx context.Context) ([]storage.OutboundDestination, error)
+	storage.OutboundUpdates
+	storage.OutboundLeases
+	storage.DestinationRetries
 }
 
 // Transport delivers transactions.
@@ -123,6 +103,9 @@ type Transport interface {
 // Options configure a Sender.
 type Options struct {
 	ServerName string
+	// FormatUpdate makes the EDU of a queued device-list or signing-key
+	// update (crosssigning.UpdateEDU); required.
+	FormatUpdate UpdateFormatter
 	// DeviceNames puts device display names in the updates.
 	DeviceNames bool
 	// Workers is the number of destinations sent to at once (default 32).
@@ -155,7 +138,6 @@ type Options struct {
 const DefaultWorkers = 32
 
 const (
-	maxEDUsPerTransaction = 100
 	// leaseTTL bounds a lease whose owner lives but no longer renews it;
 	// one whose owner is gone is void at once (see Store).
 	leaseTTL = 2 * time.Minute
@@ -164,7 +146,7 @@ const (
 	dbErrorLogInterval = time.Minute
 )
 
-// Sender delivers queued device-list updates.
+// Sender delivers the queued updates, to-device EDUs and PDUs.
 type Sender struct {
 	db      Store // its calls take one of dbSlots
 	dbSlots *slots.Slots
@@ -242,6 +224,9 @@ type destination struct {
 
 // New makes a Sender; Run starts it.
 func New(db Store, tr Transport, o Options) *Sender {
+	if o.FormatUpdate == nil {
+		panic("federationsender: Options.FormatUpdate is not set")
+	}
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
 	}
@@ -779,19 +764,19 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		return
 	}
 	if d.txnID == "" {
-		batch, err := s.db.PendingUpdates(ctx, d.name, maxEDUsPerTransaction)
+		batch, err := s.db.PendingUpdates(ctx, d.name, fedclient.MaxEDUsPerTransaction)
 		if err != nil {
 			s.dbError(ctx, log, err, "outbound device-list queue")
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
 			return
 		}
-		toDev, err := s.pendingToDevice(ctx, d.name, maxEDUsPerTransaction-len(batch))
+		toDev, err := s.pendingToDevice(ctx, d.name, fedclient.MaxEDUsPerTransaction-len(batch))
 		if err != nil {
 			s.dbError(ctx, log, err, "outbound to-device queue")
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
 			return
 		}
-		pdus, err := s.pendingPDUs(ctx, d.name, maxPDUsPerTransaction)
+		pdus, err := s.pendingPDUs(ctx, d.name, fedclient.MaxPDUsPerTransaction)
 		if err != nil {
 			s.dbError(ctx, log, err, "outbound PDU queue")
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
@@ -839,7 +824,7 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if d.attempt > 0 || s.isFailing(d.name) {
 			s.resetStored(ctx, d.name, s.o.Clock.Now().UnixMilli()) // it was reached: its failures go
 		}
-		full := len(d.batch)+len(d.toDev) == maxEDUsPerTransaction || len(d.pdus) == maxPDUsPerTransaction
+		full := len(d.batch)+len(d.toDev) == fedclient.MaxEDUsPerTransaction || len(d.pdus) == fedclient.MaxPDUsPerTransaction
 		d.batch, d.toDev, d.pdus, d.txn, d.txnID = nil, nil, nil, fedclient.Transaction{}, ""
 		d.attempt, d.failingSince = 0, time.Time{}
 		if full {
@@ -1051,64 +1036,11 @@ func (s *Sender) renew(ctx context.Context, dest, owner string) (held, kept bool
 	return s.db.AcquireDestination(ctx, dest, owner, now.UnixMilli(), now.Add(leaseTTL).UnixMilli())
 }
 
-// edu is the EDU of a queued update: an m.signing_key_update or an
-// m.device_list_update.
+// edu is the EDU of a queued update, as FormatUpdate makes it.
 func (s *Sender) edu(log logrus.FieldLogger, u storage.OutboundUpdate) fedclient.EDU {
-	if u.SigningKeys {
-		return fedclient.EDU{Type: "m.signing_key_update", Content: signingKeyContent(log, u)}
-	}
-	return fedclient.EDU{Type: "m.device_list_update", Content: s.eduContent(log, u)}
-}
-
-// eduContent is the m.device_list_update of a queued update, carrying the
-// device's current state: its keys with the signatures its owner made on
-// them (a new self-signing signature is a change of the device).
-func (s *Sender) eduContent(log logrus.FieldLogger, u storage.OutboundUpdate) json.RawMessage {
-	c := map[string]any{
-		"user_id":   u.UserID,
-		"device_id": u.DeviceID,
-		"stream_id": u.StreamID,
-		"prev_id":   []int64{},
-		"deleted":   u.Deleted,
-	}
-	if u.PrevID > 0 {
-		c["prev_id"] = []int64{u.PrevID}
-	}
-	if !u.Deleted {
-		if u.KeyJSON != nil {
-			c["keys"] = json.RawMessage(withSignatures(log, u, u.KeyJSON, u.DeviceID))
-		}
-		if s.o.DeviceNames && u.DisplayName != nil {
-			c["device_display_name"] = *u.DisplayName
-		}
-	}
-	raw, _ := json.Marshal(c) // maps of plain values always marshal
-	return raw
-}
-
-// signingKeyContent is the m.signing_key_update of a queued update: the
-// user's master key (with the signatures they made on it) and self-signing
-// key as they are now. The user-signing key is the user's alone.
-func signingKeyContent(log logrus.FieldLogger, u storage.OutboundUpdate) json.RawMessage {
-	c := map[string]any{"user_id": u.UserID}
-	if u.MasterKey != nil {
-		c["master_key"] = json.RawMessage(withSignatures(log, u, u.MasterKey, crosssigning.PublicKeyOf(u.MasterKey)))
-	}
-	if u.SelfSigningKey != nil {
-		c["self_signing_key"] = json.RawMessage(u.SelfSigningKey)
-	}
-	raw, _ := json.Marshal(c) // maps of plain values always marshal
-	return raw
-}
-
-// withSignatures is the key object js (whose ID is keyID) with the
-// signatures of u on it; js alone if they cannot be added (the stored
-// object is canonical JSON, so that does not happen).
-func withSignatures(log logrus.FieldLogger, u storage.OutboundUpdate, js []byte, keyID string) []byte {
-	out, err := crosssigning.WithSignatures(js, crosssigning.ByTarget(u.Signatures, u.UserID, "")[keyID])
+	typ, content, err := s.o.FormatUpdate(u, s.o.DeviceNames)
 	if err != nil {
 		log.WithError(err).WithField("user_id", u.UserID).Warn("stored keys without their signatures in an update")
-		return js
 	}
-	return out
+	return fedclient.EDU{Type: typ, Content: content}
 }

@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -11,9 +11,7 @@ import (
 // transactions after the device-list updates, sharing their delivery,
 // retries and leases.
 type EDUQueue interface {
-	ToDeviceDestinations(ctx context.Context) ([]string, error)
-	PendingToDevice(ctx context.Context, destination string, limit int) ([]storage.OutboundEDU, error)
-	MarkToDeviceSent(ctx context.Context, destination string, sent []storage.OutboundEDU) error
+	storage.OutboundToDevice
 }
 
 // directToDevice is the type of the EDUs of the to-device queue.

@@ -1,4 +1,4 @@
-package sender
+package federationsender
 
 import (
 	"context"
@@ -14,14 +14,8 @@ import (
 // transaction ID, retries and leases; a destination with only PDUs
 // waiting is sent to alike.
 type PDUQueue interface {
-	PDUDestinations(ctx context.Context) ([]string, error)
-	PendingPDUs(ctx context.Context, destination string, limit int) ([]storage.OutboundPDU, error)
-	MarkPDUsSent(ctx context.Context, destination string, sent []storage.OutboundPDU) error
+	storage.OutboundPDUs
 }
-
-// maxPDUsPerTransaction is the specification's bound on a transaction's
-// PDUs.
-const maxPDUsPerTransaction = 50
 
 // pduDestinations lists the destinations with PDUs waiting.
 func (s *Sender) pduDestinations(ctx context.Context) ([]string, error) {
