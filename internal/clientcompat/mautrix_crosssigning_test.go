@@ -152,6 +152,10 @@ func TestRealClientsCrossSignThroughUpdates(t *testing.T) {
 			n.Join(t, "!shared:x", alice.UserID)
 			n.Join(t, "!shared:x", bob.UserID)
 		}
+		// Each client asks for the other user's keys, as a client does on
+		// sharing a room: the list is fetched then.
+		a.Must(t, "POST", "/_matrix/client/v3/keys/query", alice.Token, map[string]any{"device_keys": map[string]any{bob.UserID: []string{}}})
+		b.Must(t, "POST", "/_matrix/client/v3/keys/query", bob.Token, map[string]any{"device_keys": map[string]any{alice.UserID: []string{}}})
 		following := func(n *testutil.Node, user string) bool {
 			_, stale, err := n.Store.StaleEntry(ctx, user)
 			lists, err2 := n.Store.RemoteDeviceLists(ctx, []string{user})
