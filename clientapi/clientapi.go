@@ -22,6 +22,7 @@ import (
 	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
@@ -228,7 +229,7 @@ func (p prefixed) Handle(path string, h http.Handler) *mux.Route {
 // handler is an endpoint: it returns the 200 body or an error.
 type handler func(r *http.Request) (any, error)
 
-type authedHandler func(r *http.Request, c keyserver.Caller) (any, error)
+type authedHandler func(r *http.Request, c matrixid.Caller) (any, error)
 
 func (a *API) public(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -254,7 +255,7 @@ func (a *API) authed(h authedHandler) http.Handler {
 
 // authenticate finds the request's caller and applies its rate limit; if
 // it returns false, it has answered.
-func (a *API) authenticate(w http.ResponseWriter, r *http.Request) (keyserver.Caller, bool) {
+func (a *API) authenticate(w http.ResponseWriter, r *http.Request) (matrixid.Caller, bool) {
 	c, err := a.ks.Authenticate(r.Context(), accessToken(r))
 	if err != nil {
 		httpx.Error(w, r, err)
@@ -413,19 +414,19 @@ func (a *API) login(r *http.Request) (any, error) {
 	return a.ks.Login(r.Context(), req)
 }
 
-func (a *API) logout(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) logout(r *http.Request, c matrixid.Caller) (any, error) {
 	return empty, a.ks.Logout(r.Context(), c)
 }
 
-func (a *API) logoutAll(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) logoutAll(r *http.Request, c matrixid.Caller) (any, error) {
 	return empty, a.ks.LogoutAll(r.Context(), c)
 }
 
-func (a *API) whoami(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) whoami(r *http.Request, c matrixid.Caller) (any, error) {
 	return map[string]any{"user_id": c.UserID, "device_id": c.DeviceID, "is_guest": false}, nil
 }
 
-func (a *API) changePassword(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) changePassword(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.ChangePasswordRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -433,7 +434,7 @@ func (a *API) changePassword(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.ks.ChangePassword(r.Context(), c, req)
 }
 
-func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deactivate(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.DeactivateRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -446,11 +447,11 @@ func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
 }
 
 // threePIDs answers GET /account/3pid: no third-party IDs are kept.
-func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) threePIDs(r *http.Request, c matrixid.Caller) (any, error) {
 	return map[string]any{"threepids": []any{}}, nil
 }
 
-func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) capabilities(r *http.Request, c matrixid.Caller) (any, error) {
 	caps := map[string]any{
 		"m.change_password": map[string]bool{"enabled": true},
 	}
@@ -462,7 +463,7 @@ func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"capabilities": caps}, nil
 }
 
-func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) devices(r *http.Request, c matrixid.Caller) (any, error) {
 	ds, err := a.ks.Devices(r.Context(), c)
 	if err != nil {
 		return nil, err
@@ -470,7 +471,7 @@ func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"devices": ds}, nil
 }
 
-func (a *API) device(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) device(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err
@@ -478,7 +479,7 @@ func (a *API) device(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.ks.Device(r.Context(), c, id)
 }
 
-func (a *API) renameDevice(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) renameDevice(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err
@@ -492,7 +493,7 @@ func (a *API) renameDevice(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.ks.RenameDevice(r.Context(), c, id, req.DisplayName)
 }
 
-func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteDevice(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err
@@ -506,7 +507,7 @@ func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.ks.DeleteDevice(r.Context(), c, id, req.Auth)
 }
 
-func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteDevices(r *http.Request, c matrixid.Caller) (any, error) {
 	var req struct {
 		Devices []string            `json:"devices"`
 		Auth    *keyserver.AuthData `json:"auth"`
@@ -520,7 +521,7 @@ func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.ks.DeleteDevices(r.Context(), c, req.Devices, req.Auth)
 }
 
-func (a *API) uploadKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) uploadKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.UploadRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -528,7 +529,7 @@ func (a *API) uploadKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.ks.UploadKeys(r.Context(), c, req)
 }
 
-func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) queryKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.QueryRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -537,7 +538,7 @@ func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.ks.QueryKeys(r.Context(), c, req)
 }
 
-func (a *API) uploadSigningKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) uploadSigningKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.SigningKeysUpload
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -545,7 +546,7 @@ func (a *API) uploadSigningKeys(r *http.Request, c keyserver.Caller) (any, error
 	return empty, a.ks.UploadSigningKeys(r.Context(), c, req)
 }
 
-func (a *API) uploadSignatures(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) uploadSignatures(r *http.Request, c matrixid.Caller) (any, error) {
 	var req map[string]map[string]json.RawMessage
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -553,7 +554,7 @@ func (a *API) uploadSignatures(r *http.Request, c keyserver.Caller) (any, error)
 	return a.ks.UploadSignatures(r.Context(), c, req)
 }
 
-func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) claimKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.ClaimRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -562,7 +563,7 @@ func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.ks.ClaimKeys(r.Context(), c, req)
 }
 
-func (a *API) keyChanges(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) keyChanges(r *http.Request, c matrixid.Caller) (any, error) {
 	q := r.URL.Query()
 	return a.ks.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
 }
@@ -609,7 +610,7 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 // syncJob answers a parked /sync request.
 type syncJob struct {
 	ks      *keyserver.Service
-	c       keyserver.Caller
+	c       matrixid.Caller
 	since   string
 	timeout time.Duration
 	o       keyserver.SyncOptions

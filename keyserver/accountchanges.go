@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -21,7 +22,7 @@ type ChangePasswordRequest struct {
 // user-interactive auth with the old one. Unless asked not to, every other
 // device is logged out, with its keys, which other servers and clients
 // learn as device-list changes; the caller's own device stays.
-func (s *Service) ChangePassword(ctx context.Context, c Caller, r ChangePasswordRequest) error {
+func (s *Service) ChangePassword(ctx context.Context, c matrixid.Caller, r ChangePasswordRequest) error {
 	if r.NewPassword != nil && len(*r.NewPassword) > maxPasswordLength {
 		return mxerr.InvalidParam("password is longer than %d bytes", maxPasswordLength)
 	}
@@ -72,7 +73,7 @@ type DeactivateRequest struct {
 // deactivated row so that login is refused and the user ID is never
 // registered again, and then the user leaves every room, as Synapse parts
 // deactivated users.
-func (s *Service) Deactivate(ctx context.Context, c Caller, r DeactivateRequest) error {
+func (s *Service) Deactivate(ctx context.Context, c matrixid.Caller, r DeactivateRequest) error {
 	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/deactivate", Params: struct {
 		Erase bool `json:"erase"`
 	}{r.Erase}}

@@ -11,28 +11,21 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
 
-// Caller is an authenticated client: a user and the device its token is
-// bound to.
-type Caller struct {
-	UserID   string
-	DeviceID string
-	IP       string // the remote address of the request, for logs
-}
-
 // Authenticate resolves an access token.
-func (s *Service) Authenticate(ctx context.Context, token string) (Caller, error) {
+func (s *Service) Authenticate(ctx context.Context, token string) (matrixid.Caller, error) {
 	if token == "" {
-		return Caller{}, mxerr.MissingToken("missing access token")
+		return matrixid.Caller{}, mxerr.MissingToken("missing access token")
 	}
 	u, d, err := s.db.TokenOwner(ctx, hashToken(token))
 	if errors.Is(err, storage.ErrNotFound) {
-		return Caller{}, mxerr.UnknownToken("unknown or expired access token")
+		return matrixid.Caller{}, mxerr.UnknownToken("unknown or expired access token")
 	}
-	return Caller{UserID: u, DeviceID: d}, err
+	return matrixid.Caller{UserID: u, DeviceID: d}, err
 }
 
 // AuthData is the "auth" member of a user-interactive request.
@@ -310,14 +303,14 @@ func errDeactivated() *mxerr.Error {
 }
 
 // Logout deletes the caller's device (and so its token and keys).
-func (s *Service) Logout(ctx context.Context, c Caller) error {
+func (s *Service) Logout(ctx context.Context, c matrixid.Caller) error {
 	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, []string{c.DeviceID})
 	s.localChange(ch)
 	return err
 }
 
 // LogoutAll deletes every device of the caller.
-func (s *Service) LogoutAll(ctx context.Context, c Caller) error {
+func (s *Service) LogoutAll(ctx context.Context, c matrixid.Caller) error {
 	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, nil)
 	s.localChange(ch)
 	return err

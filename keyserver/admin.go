@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -62,7 +63,7 @@ func (s *Service) UserDevices(ctx context.Context, userID string) ([]UserDevice,
 // MarkStale marks a remote user's cached device list for a resync: the
 // operator's answer to a user reporting undecryptable messages.
 func (s *Service) MarkStale(ctx context.Context, userID string) error {
-	server, ok := ParseUserID(userID)
+	server, ok := matrixid.ParseUserID(userID)
 	if !ok {
 		return mxerr.InvalidParam("%q is not a user ID", userID)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/internal/testvectors"
@@ -141,7 +142,7 @@ func TestCheckNewDeviceUploadMatchesUploadKeys(t *testing.T) {
 					if err := json.Unmarshal(js, &r); err != nil {
 						t.Fatal(err)
 					}
-					caller := keyserver.Caller{UserID: u.userID, DeviceID: u.deviceID}
+					caller := matrixid.Caller{UserID: u.userID, DeviceID: u.deviceID}
 					// The device does not exist yet: the check reads none.
 					checked := svc.CheckNewDeviceUpload(ctx, caller, r)
 					if want := c.strictOK || lax && c.laxOK; (checked == nil) != want {

@@ -9,6 +9,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
@@ -151,7 +152,7 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 	// grammar allowed) are accepted, as the spec requires of IDs other
 	// servers made: dropping their updates would leave their lists stale
 	// while /keys/query and the admin API accept the same users.
-	if server, ok := ParseUserID(c.UserID); !ok || server != origin {
+	if server, ok := matrixid.ParseUserID(c.UserID); !ok || server != origin {
 		log.WithField("user_id", c.UserID).Debug("dropped an m.device_list_update for a user not on its origin")
 		return "", nil
 	}
@@ -203,7 +204,7 @@ func (s *Service) signingKeyUpdate(ctx context.Context, origin string, content j
 		log.WithField("content", string(content)).Debug("dropped a malformed m.signing_key_update")
 		return nil
 	}
-	if server, ok := ParseUserID(c.UserID); !ok || server != origin {
+	if server, ok := matrixid.ParseUserID(c.UserID); !ok || server != origin {
 		log.WithField("user_id", c.UserID).Debug("dropped an m.signing_key_update for a user not on its origin")
 		return nil
 	}

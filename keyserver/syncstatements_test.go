@@ -9,6 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
@@ -51,7 +52,7 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 		}
 		rename := func(name string) int64 {
 			before := store.StatementsSent()
-			if err := s.RenameDevice(ctx, Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
+			if err := s.RenameDevice(ctx, matrixid.Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
 				t.Fatal(err)
 			}
 			return store.StatementsSent() - before
@@ -71,7 +72,7 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 		answers := make(chan answer, waiters)
 		for _, u := range mates {
 			go func() {
-				res, err := s.Sync(ctx, Caller{UserID: u, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
+				res, err := s.Sync(ctx, matrixid.Caller{UserID: u, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
 				answers <- answer{res, err}
 			}()
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
@@ -57,7 +58,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		wait := func(user string) <-chan answer {
 			ch := make(chan answer, 1)
 			go func() {
-				res, err := s.Sync(waitCtx, Caller{UserID: user, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
+				res, err := s.Sync(waitCtx, matrixid.Caller{UserID: user, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
 				ch <- answer{res, err}
 			}()
 			return ch
@@ -73,7 +74,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		}
 
 		name := "new name"
-		if err := s.RenameDevice(ctx, Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
+		if err := s.RenameDevice(ctx, matrixid.Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
 			t.Fatal(err)
 		}
 		// The wake-ups are signalled before the write returns.

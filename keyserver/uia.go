@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -136,7 +137,7 @@ func (s *Service) challenge(ctx context.Context, stage string, req uiaRequest, s
 
 // passwordStage checks the m.login.password stage for the caller: auth
 // naming another user is forbidden; a wrong password fails the stage.
-func (s *Service) passwordStage(ctx context.Context, c Caller) func(*AuthData) error {
+func (s *Service) passwordStage(ctx context.Context, c matrixid.Caller) func(*AuthData) error {
 	return func(auth *AuthData) error {
 		user := auth.User
 		if auth.Identifier != nil {

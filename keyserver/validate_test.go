@@ -258,24 +258,6 @@ func TestIDs(t *testing.T) {
 	if a, b := newAccessToken(), newAccessToken(); a == b || len(a) < 40 {
 		t.Errorf("tokens %q %q", a, b)
 	}
-	for _, tc := range []struct {
-		id, server string
-		ok         bool
-	}{
-		{"@alice:example.org", "example.org", true},
-		{"@alice:example.org:8448", "example.org:8448", true},
-		{"@Alice:[::1]:8448", "[::1]:8448", true},
-		{"alice:example.org", "", false},
-		{"@alice", "", false},
-		{"@:example.org", "", false},
-		{"@alice:exa mple.org", "", false},
-		{"@" + strings.Repeat("a", 260) + ":x.org", "", false},
-	} {
-		server, ok := ParseUserID(tc.id)
-		if ok != tc.ok || server != tc.server {
-			t.Errorf("%q: %q %v", tc.id, server, ok)
-		}
-	}
 }
 
 // canonical takes a fast path for objects without "unsigned" or repeated

@@ -33,6 +33,7 @@ import (
 	"github.com/keyserver/keyserver/internal/iprange"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/internal/server"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
@@ -307,7 +308,7 @@ func Start(ctx context.Context, cfg *config.Config, log *logrus.Logger, options 
 			Rooms:      rooms,
 			Profiles:   profiles,
 			ToDevice:   toDevice,
-			Dehydrated: dehydrated.New(store, d.ks, d.ks.DeviceListChanged, nil),
+			Dehydrated: dehydrated.New(store, server.DehydratedKeys(d.ks), d.ks.DeviceListChanged, nil),
 			Parker:     d.parker,
 		}),
 		ReadHeaderTimeout: cfg.ClientAPI.ReadTimeout.Duration(),

@@ -24,6 +24,7 @@ import (
 	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/initialsync"
 	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/internal/server"
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
@@ -125,7 +126,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 		PushRules: pushrules.New(store, ks.StreamAdvanced), PublicRooms: publicrooms.New(store, rooms, nil, o.ServerName, log),
 		UserDirectory: userdirectory.New(store, o.SearchAllUsers), TURN: voip.New(o.TURN, o.Now),
 		InitialSync: initialsync.New(rooms, store),
-		Rooms:       rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
+		Rooms:       rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, server.DehydratedKeys(ks), ks.DeviceListChanged, o.Now)})
 	ts := httptest.NewServer(h)
 	t.Cleanup(func() {
 		ks.Close()
