@@ -26,7 +26,6 @@ import (
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
-	"github.com/keyserver/keyserver/keyserver"
 )
 
 // Version is reported by /_matrix/federation/v1/version.
@@ -67,12 +66,12 @@ type OldVerifyKey struct {
 }
 
 type api struct {
-	ks   *keyserver.Service
+	ks   Keys
 	opts Options
 }
 
 // NewHandler returns the federation API's HTTP handler.
-func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
+func NewHandler(ks Keys, opts Options) http.Handler {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

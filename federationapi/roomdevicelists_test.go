@@ -367,7 +367,7 @@ func TestLocalToolChangesReachRemoteServers(t *testing.T) {
 		roomID := createPublicRoom(t, a, alice)
 		joinVia(t, b, bob, roomID, a)
 		a.Join(t, roomID, w.user) // a third server, to see the EDUs themselves
-		eventually(t, "B to fetch alice's list", func() bool { return notStale(b, alice.UserID) && b.Service.Updater().InFlight() == 0 })
+		eventually(t, "B to fetch alice's list", func() bool { return notStale(b, alice.UserID) && b.Updater.InFlight() == 0 })
 		fetches := a.Requests.Count("GET", devicesPath)
 
 		uploads := []map[string]any{

@@ -32,10 +32,10 @@ func newPair(t *testing.T, db testutil.Database) *pair {
 	}
 	// Each server starts tracking the other's user: one resync each.
 	eventually(t, "B to fetch alice's list", func() bool {
-		return notStale(p.b, p.alice.UserID) && p.b.Service.Updater().InFlight() == 0
+		return notStale(p.b, p.alice.UserID) && p.b.Updater.InFlight() == 0
 	})
 	eventually(t, "A to fetch bob's list", func() bool {
-		return notStale(p.a, p.bob.UserID) && p.a.Service.Updater().InFlight() == 0
+		return notStale(p.a, p.bob.UserID) && p.a.Updater.InFlight() == 0
 	})
 	if !sameSet(deviceIDs(t, p.b, p.bob, p.alice.UserID), "ALICE1") || !sameSet(deviceIDs(t, p.a, p.alice, p.bob.UserID), "BOB1") {
 		t.Fatal("the first resyncs did not fetch the devices")

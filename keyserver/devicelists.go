@@ -275,18 +275,6 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 	return nil
 }
 
-// RoomWritten follows a committed write of room events (package
-// roomserver): membership events in it changed who shares a room with
-// whom in the same transaction. The waiting /sync requests of the local
-// users concerned wake, newly tracked remote lists are fetched, and the
-// events queued for other servers are sent.
-func (s *Service) RoomWritten(res storage.RoomWriteResult) {
-	s.membershipChanged(res.Change, res.NewlyStale)
-	if res.PDUsQueued && s.sender != nil {
-		s.sender.Poke()
-	}
-}
-
 func (s *Service) membershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {
 	s.streamAdvanced(ch)
 	if len(newlyStale) > 0 && s.updater != nil {

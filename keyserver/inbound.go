@@ -47,10 +47,6 @@ type PDUReceiver interface {
 	ReceivePDUs(ctx context.Context, origin string, pdus []json.RawMessage) map[string]string
 }
 
-// SetPDUReceiver gives transactions' PDUs to the rooms. Rooms are made
-// after the service, so this comes before serving starts.
-func (s *Service) SetPDUReceiver(r PDUReceiver) { s.pdus = r }
-
 type transaction struct {
 	Origin string            `json:"origin"`
 	PDUs   []json.RawMessage `json:"pdus"`

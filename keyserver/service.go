@@ -7,13 +7,10 @@ package keyserver
 import (
 	"context"
 	"golang.org/x/sync/singleflight"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/devicelist/sender"
-	"github.com/keyserver/keyserver/devicelist/updater"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
@@ -33,9 +30,20 @@ type Options struct {
 	// SendWait bounds how long an incoming transaction waits for the
 	// resyncs its device-list updates need (default 10 s).
 	SendWait time.Duration
-	// Sender and Updater tune the background workers.
-	Sender  sender.Options
-	Updater updater.Options
+	// Outbound is the federation outbound queue, poked when updates are
+	// queued for other servers; nil: none (nothing is sent).
+	Outbound Outbound
+	// StaleLists is the updater of remote device lists, woken when users
+	// are marked stale; nil: none.
+	StaleLists StaleLists
+	// Notifier wakes waiting /sync requests; nil: one of the service's
+	// own. The server shares one with the domains that write the stream.
+	Notifier *syncnotify.Notifier
+	// Rooms gives /sync its rooms part; nil: /sync has none.
+	Rooms RoomsSource
+	// PDUs takes the PDUs of other servers' transactions; nil: they are
+	// answered as not processed.
+	PDUs PDUReceiver
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
@@ -69,12 +77,20 @@ type Options struct {
 	LaxKeyValidation bool
 }
 
+// Outbound is the federation outbound queue as the domain tells it of
+// new work (package devicelist/sender).
+type Outbound interface{ Poke() }
+
+// StaleLists is the updater of stale remote device lists as the domain
+// tells it of new work (package devicelist/updater).
+type StaleLists interface{ Wake() }
+
 // Service is the keyserver's domain layer.
 type Service struct {
 	db      storage.Database
 	fed     Federation
-	sender  *sender.Sender
-	updater *updater.Updater
+	sender  Outbound   // nil: nothing is sent
+	updater StaleLists // nil: no background resyncs
 	// resyncs shares one fetch of a remote user's list among the queries
 	// that need it at once (see ResyncRemoteUser).
 	resyncs   singleflight.Group
@@ -113,68 +129,23 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute
 	}
-	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: syncnotify.New(), log: opts.Logger, now: opts.Now,
-		passwords: newPasswordPool(opts.BcryptConcurrency)}
-	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
-	if s.fed != nil {
-		so := opts.Sender
-		so.ServerName, so.DeviceNames = opts.ServerName, opts.DeviceNamesOverFederation
-		if so.Logger == nil {
-			so.Logger = opts.Logger
-		}
-		s.sender = sender.New(db, s.fed, so)
-		uo := opts.Updater
-		if uo.Logger == nil {
-			uo.Logger = opts.Logger
-		}
-		// The updater resyncs users marked stale, unless another daemon
-		// holds the resync (it is due again if that one fails).
-		s.updater = updater.New(db, func(ctx context.Context, server, userID string) error {
-			_, err := s.heldResync(ctx, server, userID, false)
-			return err
-		}, uo)
+	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: opts.Notifier, log: opts.Logger, now: opts.Now,
+		passwords: newPasswordPool(opts.BcryptConcurrency), rooms: opts.Rooms, pdus: opts.PDUs,
+		sender: opts.Outbound, updater: opts.StaleLists}
+	if s.notifier == nil {
+		s.notifier = syncnotify.New()
 	}
+	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
 	return s
 }
 
-// Run runs the background workers (outbound device-list updates and the
-// updater of remote lists) until ctx ends.
-func (s *Service) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		// Changes made by other daemons sharing the database wake this
-		// one's waiting /sync requests.
-		s.notifier.Watch(ctx, s.db, s.log)
-	}()
-	if s.fed == nil {
-		wg.Wait()
-		return
-	}
-	wg.Add(2)
-	go func() { defer wg.Done(); s.sender.Run(ctx) }()
-	go func() { defer wg.Done(); s.updater.Run(ctx) }()
-	wg.Wait()
+// ResyncStale fetches and stores a stale remote user's device list for
+// the updater, unless another daemon holds the resync (it is due again if
+// that one fails).
+func (s *Service) ResyncStale(ctx context.Context, server, userID string) error {
+	_, err := s.heldResync(ctx, server, userID, false)
+	return err
 }
-
-// ServerAlive is told of every server that made an authenticated request:
-// it is up, so waits on its account end.
-// It runs on the request's path, so it only hands the news to the
-// background workers, without waiting for the database.
-func (s *Service) ServerAlive(server string) {
-	if s.fed == nil {
-		return
-	}
-	s.sender.DestinationAlive(server)
-	s.updater.ServerAlive(server)
-}
-
-// Sender is the outbound device-list sender (nil without federation).
-func (s *Service) Sender() *sender.Sender { return s.sender }
-
-// Updater is the remote device-list updater (nil without federation).
-func (s *Service) Updater() *updater.Updater { return s.updater }
 
 // Ready reports whether the server can serve: its database answers.
 func (s *Service) Ready(ctx context.Context) error {
@@ -189,9 +160,6 @@ func (s *Service) logger(ctx context.Context) logrus.FieldLogger { return reqlog
 
 // ServerName is the server's name.
 func (s *Service) ServerName() string { return s.opts.ServerName }
-
-// Close releases waiting requests, for shutdown.
-func (s *Service) Close() { s.notifier.Close() }
 
 // WaitingSyncs counts the users with a /sync request waiting for news.
 func (s *Service) WaitingSyncs() int { return s.notifier.Waiting() }

@@ -131,7 +131,9 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	a := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
 	b := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
 	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx) }()
+	// b hears of changes made through a as the server does: its notifier
+	// watches the database.
+	go func() { defer close(done); b.notifier.Watch(ctx, b.db, log) }()
 	defer func() { cancel(); <-done }()
 
 	user := func(localpart string) string {

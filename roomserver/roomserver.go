@@ -133,6 +133,8 @@ type Options struct {
 	KeyID      gomatrixserverlib.KeyID
 	PrivateKey ed25519.PrivateKey
 	Sink       MembershipSink
+	// Profiles fill local users' member events; nil: they carry none.
+	Profiles Profiles
 	// KeyRing checks other servers' signatures on events.
 	KeyRing *gomatrixserverlib.KeyRing
 	// Remote fetches events from other servers; nil: none are fetched.
@@ -161,7 +163,8 @@ type Service struct {
 	pipes sync.Map // room ID -> *roomPipe: the room's local writes
 	// states keeps state read for building events.
 	states stateCache
-	// profiles fill local users' member events (SetProfiles); nil: none.
+	// profiles fill local users' member events (Options.Profiles); nil:
+	// none.
 	profiles Profiles
 }
 
@@ -176,7 +179,7 @@ func New(db Store, opts Options) *Service {
 	if opts.RemoteTimeout <= 0 {
 		opts.RemoteTimeout = defaultRemoteTimeout
 	}
-	return &Service{db: db, opts: opts}
+	return &Service{db: db, opts: opts, profiles: opts.Profiles}
 }
 
 // DefaultRoomVersion is the version of rooms created without one.
