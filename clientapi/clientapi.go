@@ -37,6 +37,7 @@ import (
 	"github.com/keyserver/keyserver/todevice"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
+	"github.com/keyserver/keyserver/userapi"
 )
 
 // Options configure the client API.
@@ -372,7 +373,7 @@ func (a *API) register(r *http.Request) (any, error) {
 	if ok, wait := a.opts.RegisterLimit.Peek(ip); !ok {
 		return nil, mxerr.LimitExceeded(wait)
 	}
-	var req keyserver.RegisterRequest
+	var req userapi.RegisterRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
@@ -407,7 +408,7 @@ func (a *API) login(r *http.Request) (any, error) {
 	if err := limitAddress(a.opts.LoginLimit, r); err != nil {
 		return nil, err
 	}
-	var req keyserver.LoginRequest
+	var req userapi.LoginRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
@@ -428,7 +429,7 @@ func (a *API) whoami(r *http.Request, c matrixid.Caller) (any, error) {
 }
 
 func (a *API) changePassword(r *http.Request, c matrixid.Caller) (any, error) {
-	var req keyserver.ChangePasswordRequest
+	var req userapi.ChangePasswordRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
@@ -436,7 +437,7 @@ func (a *API) changePassword(r *http.Request, c matrixid.Caller) (any, error) {
 }
 
 func (a *API) deactivate(r *http.Request, c matrixid.Caller) (any, error) {
-	var req keyserver.DeactivateRequest
+	var req userapi.DeactivateRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
@@ -500,7 +501,7 @@ func (a *API) deleteDevice(r *http.Request, c matrixid.Caller) (any, error) {
 		return nil, err
 	}
 	var req struct {
-		Auth *keyserver.AuthData `json:"auth"`
+		Auth *matrixid.AuthData `json:"auth"`
 	}
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -511,7 +512,7 @@ func (a *API) deleteDevice(r *http.Request, c matrixid.Caller) (any, error) {
 func (a *API) deleteDevices(r *http.Request, c matrixid.Caller) (any, error) {
 	var req struct {
 		Devices []string            `json:"devices"`
-		Auth    *keyserver.AuthData `json:"auth"`
+		Auth    *matrixid.AuthData `json:"auth"`
 	}
 	if err := a.decode(r, &req); err != nil {
 		return nil, err

@@ -8,24 +8,25 @@ import (
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/syncnotify"
+	"github.com/keyserver/keyserver/userapi"
 )
 
 // Accounts is what the client API asks of accounts, devices and their
-// tokens (package keyserver).
+// tokens (package userapi).
 type Accounts interface {
 	Authenticate(ctx context.Context, token string) (matrixid.Caller, error)
 	Available(ctx context.Context, username string) error
-	Register(ctx context.Context, r keyserver.RegisterRequest) (keyserver.LoginResponse, error)
-	Login(ctx context.Context, r keyserver.LoginRequest) (keyserver.LoginResponse, error)
+	Register(ctx context.Context, r userapi.RegisterRequest) (userapi.LoginResponse, error)
+	Login(ctx context.Context, r userapi.LoginRequest) (userapi.LoginResponse, error)
 	Logout(ctx context.Context, c matrixid.Caller) error
 	LogoutAll(ctx context.Context, c matrixid.Caller) error
-	ChangePassword(ctx context.Context, c matrixid.Caller, r keyserver.ChangePasswordRequest) error
-	Deactivate(ctx context.Context, c matrixid.Caller, r keyserver.DeactivateRequest) error
-	Device(ctx context.Context, c matrixid.Caller, deviceID string) (keyserver.DeviceInfo, error)
-	Devices(ctx context.Context, c matrixid.Caller) ([]keyserver.DeviceInfo, error)
+	ChangePassword(ctx context.Context, c matrixid.Caller, r userapi.ChangePasswordRequest) error
+	Deactivate(ctx context.Context, c matrixid.Caller, r userapi.DeactivateRequest) error
+	Device(ctx context.Context, c matrixid.Caller, deviceID string) (userapi.DeviceInfo, error)
+	Devices(ctx context.Context, c matrixid.Caller) ([]userapi.DeviceInfo, error)
 	RenameDevice(ctx context.Context, c matrixid.Caller, deviceID string, name *string) error
-	DeleteDevice(ctx context.Context, c matrixid.Caller, deviceID string, auth *keyserver.AuthData) error
-	DeleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, auth *keyserver.AuthData) error
+	DeleteDevice(ctx context.Context, c matrixid.Caller, deviceID string, auth *matrixid.AuthData) error
+	DeleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, auth *matrixid.AuthData) error
 	// Ready reports whether the database answers.
 	Ready(ctx context.Context) error
 }

@@ -132,7 +132,7 @@ func TestCheckNewDeviceUploadMatchesUploadKeys(t *testing.T) {
 		for _, lax := range []bool{false, true} {
 			log := logrus.New()
 			log.SetOutput(io.Discard)
-			svc := keyserver.New(store, keyserver.Options{ServerName: "127.0.0.1:18401", BcryptCost: 4, Logger: log,
+			svc := keyserver.New(store, keyserver.Options{ServerName: "127.0.0.1:18401", Logger: log,
 				MaxOneTimeKeys: maxOTKs, LaxKeyValidation: lax})
 			for i, c := range cases {
 				t.Run(fmt.Sprintf("lax=%v/%s", lax, c.name), func(t *testing.T) {

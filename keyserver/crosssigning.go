@@ -20,10 +20,10 @@ import (
 
 // SigningKeysUpload is POST /keys/device_signing/upload.
 type SigningKeysUpload struct {
-	MasterKey      json.RawMessage `json:"master_key"`
-	SelfSigningKey json.RawMessage `json:"self_signing_key"`
-	UserSigningKey json.RawMessage `json:"user_signing_key"`
-	Auth           *AuthData       `json:"auth"`
+	MasterKey      json.RawMessage    `json:"master_key"`
+	SelfSigningKey json.RawMessage    `json:"self_signing_key"`
+	UserSigningKey json.RawMessage    `json:"user_signing_key"`
+	Auth           *matrixid.AuthData `json:"auth"`
 }
 
 // signingSlots are the fields of an upload with their usages.
@@ -101,7 +101,7 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c matrixid.Caller, 
 		if storedMaster == nil {
 			return nil
 		}
-		return s.userInteractive(ctx, stagePassword, signingKeysProbe(c.UserID), r.Auth, s.passwordStage(ctx, c))
+		return s.confirmPassword(ctx, c, signingKeysProbe(c.UserID), r.Auth)
 	}
 	master := sent[storage.UsageMaster]
 	if master == nil {
@@ -148,9 +148,9 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c matrixid.Caller, 
 			params[usage] = string(k.Canonical)
 		}
 		probe := signingKeysProbe(c.UserID)
-		req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: params,
+		req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: params,
 			AlsoFrom: &probe}
-		if err := s.userInteractive(ctx, stagePassword, req, r.Auth, s.passwordStage(ctx, c)); err != nil {
+		if err := s.confirmPassword(ctx, c, req, r.Auth); err != nil {
 			return err
 		}
 	}
@@ -178,8 +178,8 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c matrixid.Caller, 
 
 // signingKeysProbe is an upload of cross-signing keys without keys: its
 // session may complete the change of keys that follows.
-func signingKeysProbe(userID string) uiaRequest {
-	return uiaRequest{UserID: userID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: "no keys sent"}
+func signingKeysProbe(userID string) matrixid.AuthRequest {
+	return matrixid.AuthRequest{UserID: userID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: "no keys sent"}
 }
 
 // SignaturesUploadResponse is the answer to POST /keys/signatures/upload.

@@ -1,6 +1,7 @@
-// Package keyserver is the domain of the server: accounts and devices, the
-// upload, query and claim of end-to-end keys, and the device-list stream
-// that tells clients whose keys to fetch again. It speaks in Go values and
+// Package keyserver is the keys domain of the server: the upload, query
+// and claim of end-to-end keys, the cross-signing use cases, and the
+// device-list stream that tells clients whose keys to fetch again
+// (accounts and devices are package userapi's). It speaks in Go values and
 // *mxerr.Error; the HTTP packages only decode requests and encode answers.
 package keyserver
 
@@ -11,7 +12,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/internal/matrixid"
+	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -19,11 +21,9 @@ import (
 
 // Options are the settings the domain needs.
 type Options struct {
-	ServerName       string
-	RegistrationOpen bool
-	BcryptCost       int
-	MaxOneTimeKeys   int           // unclaimed one-time keys a device may hold
-	SyncMaxTimeout   time.Duration // cap on a /sync long-poll
+	ServerName     string
+	MaxOneTimeKeys int           // unclaimed one-time keys a device may hold
+	SyncMaxTimeout time.Duration // cap on a /sync long-poll
 	// Federation reaches other servers; nil answers remote users with a
 	// failure and sends nothing.
 	Federation Federation
@@ -47,14 +47,9 @@ type Options struct {
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
-	// FailedLogins limits wrong passwords per account; nil: no limit.
-	FailedLogins *ratelimit.Limiter
-	// BcryptConcurrency bounds the password hashes computed at once
-	// (default half of GOMAXPROCS, at least 1).
-	BcryptConcurrency int
-	// UIASessionLifetime is how long a user-interactive auth session may
-	// be completed after it started (default 30 minutes).
-	UIASessionLifetime time.Duration
+	// Passwords asks callers for their password before a change of
+	// cross-signing keys; nil: such a change is refused.
+	Passwords PasswordConfirmer
 	// DeviceNamesOverFederation shows device display names to other servers.
 	DeviceNamesOverFederation bool
 	Logger                    logrus.FieldLogger
@@ -85,6 +80,12 @@ type Outbound interface{ Poke() }
 // tells it of new work (package devicelist/updater).
 type StaleLists interface{ Wake() }
 
+// PasswordConfirmer runs the password stage of user-interactive auth for
+// a request of the caller's (package userapi).
+type PasswordConfirmer interface {
+	ConfirmPassword(ctx context.Context, c matrixid.Caller, req matrixid.AuthRequest, auth *matrixid.AuthData) error
+}
+
 // Service is the keyserver's domain layer.
 type Service struct {
 	db      storage.Database
@@ -93,17 +94,13 @@ type Service struct {
 	updater StaleLists // nil: no background resyncs
 	// resyncs shares one fetch of a remote user's list among the queries
 	// that need it at once (see ResyncRemoteUser).
-	resyncs   singleflight.Group
-	opts      Options
-	notifier  *syncnotify.Notifier
-	log       logrus.FieldLogger
-	now       func() time.Time
-	passwords *passwordPool
-	rooms     RoomsSource // nil: /sync has no rooms part
-	pdus      PDUReceiver // nil: PDUs are answered as not processed
-	// dummyHash is compared against when a login names an unknown user, so
-	// that answering takes as long as for a wrong password.
-	dummyHash []byte
+	resyncs  singleflight.Group
+	opts     Options
+	notifier *syncnotify.Notifier
+	log      logrus.FieldLogger
+	now      func() time.Time
+	rooms    RoomsSource // nil: /sync has no rooms part
+	pdus     PDUReceiver // nil: PDUs are answered as not processed
 }
 
 // New makes a Service.
@@ -123,19 +120,14 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.SendWait <= 0 {
 		opts.SendWait = 10 * time.Second
 	}
-	if opts.UIASessionLifetime <= 0 {
-		opts.UIASessionLifetime = 30 * time.Minute
-	}
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute
 	}
 	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: opts.Notifier, log: opts.Logger, now: opts.Now,
-		passwords: newPasswordPool(opts.BcryptConcurrency), rooms: opts.Rooms, pdus: opts.PDUs,
-		sender: opts.Outbound, updater: opts.StaleLists}
+		rooms: opts.Rooms, pdus: opts.PDUs, sender: opts.Outbound, updater: opts.StaleLists}
 	if s.notifier == nil {
 		s.notifier = syncnotify.New()
 	}
-	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
 	return s
 }
 
@@ -145,13 +137,6 @@ func New(db storage.Database, opts Options) *Service {
 func (s *Service) ResyncStale(ctx context.Context, server, userID string) error {
 	_, err := s.heldResync(ctx, server, userID, false)
 	return err
-}
-
-// Ready reports whether the server can serve: its database answers.
-func (s *Service) Ready(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return s.db.Ping(ctx)
 }
 
 // logger is the logger of the request ctx belongs to (with its request
@@ -186,3 +171,12 @@ func (s *Service) nowMS() int64 { return s.now().UnixMilli() }
 
 // isLocal reports whether a user ID belongs to this server.
 func (s *Service) isLocal(server string) bool { return server == s.opts.ServerName }
+
+// confirmPassword asks the caller for their password before req goes
+// ahead.
+func (s *Service) confirmPassword(ctx context.Context, c matrixid.Caller, req matrixid.AuthRequest, auth *matrixid.AuthData) error {
+	if s.opts.Passwords == nil {
+		return mxerr.Forbidden("this server cannot ask for your password")
+	}
+	return s.opts.Passwords.ConfirmPassword(ctx, c, req, auth)
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/userapi"
 )
 
 // A device change wakes the waiting /sync requests of the users it
@@ -23,9 +24,10 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		defer cancel()
 		log := logrus.New()
 		log.SetOutput(io.Discard)
-		s := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+		s := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
+		users := testUsers(s)
 		user := func(localpart string) string {
-			id, err := s.CreateUser(ctx, localpart, "pw")
+			id, err := users.CreateUser(ctx, localpart, "pw")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -39,7 +41,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		}
 		pw := "pw"
 		dev := "PHONE"
-		login, err := s.Login(ctx, LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
+		login, err := users.Login(ctx, userapi.LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +76,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		}
 
 		name := "new name"
-		if err := s.RenameDevice(ctx, matrixid.Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
+		if err := users.RenameDevice(ctx, matrixid.Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
 			t.Fatal(err)
 		}
 		// The wake-ups are signalled before the write returns.
@@ -128,8 +130,9 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	a := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
-	b := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+	a := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
+	b := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
+	aUsers := testUsers(a)
 	done := make(chan struct{})
 	// b hears of changes made through a as the server does: its notifier
 	// watches the database.
@@ -137,7 +140,7 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	user := func(localpart string) string {
-		id, err := a.CreateUser(ctx, localpart, "pw")
+		id, err := aUsers.CreateUser(ctx, localpart, "pw")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,7 +178,7 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	defer bobSub.Close()
 	defer carolSub.Close()
 	pw, dev := "pw", "PHONE"
-	if _, err := a.Login(ctx, LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev}); err != nil {
+	if _, err := aUsers.Login(ctx, userapi.LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev}); err != nil {
 		t.Fatal(err)
 	}
 	select {

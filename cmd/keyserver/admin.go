@@ -77,16 +77,16 @@ func runAdmin(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		return err
 	}
 	defer srv.Close(context.Background())
-	ks := srv.Keys
+	ks, users := srv.Keys, srv.Users
 	switch cmd {
 	case "create-user":
-		userID, err := ks.CreateUser(ctx, rest[0], password)
+		userID, err := users.CreateUser(ctx, rest[0], password)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "created", userID)
 	case "devices":
-		devices, err := ks.UserDevices(ctx, rest[0])
+		devices, err := users.UserDevices(ctx, rest[0])
 		if err != nil {
 			return err
 		}

@@ -43,16 +43,24 @@ func (c changes) DeviceListChanged(ch storage.Change) {
 	}
 }
 
+// MembershipChanged follows a committed change of memberships (a
+// deactivated user leaving their rooms): the waiting /sync requests of
+// the local users concerned wake, and newly tracked remote lists are
+// fetched.
+func (c changes) MembershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {
+	c.StreamAdvanced(ch)
+	if len(newlyStale) > 0 && c.stale != nil {
+		c.stale.Wake()
+	}
+}
+
 // RoomWritten follows a committed write of room events: membership events
 // in it changed who shares a room with whom in the same transaction. The
 // waiting /sync requests of the local users concerned wake, newly tracked
 // remote lists are fetched, and the events queued for other servers are
 // sent.
 func (c changes) RoomWritten(res storage.RoomWriteResult) {
-	c.StreamAdvanced(res.Change)
-	if len(res.NewlyStale) > 0 && c.stale != nil {
-		c.stale.Wake()
-	}
+	c.MembershipChanged(res.Change, res.NewlyStale)
 	if res.PDUsQueued {
 		c.OutboundQueued()
 	}

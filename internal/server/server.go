@@ -6,8 +6,8 @@
 // Each part is built once what it needs exists: first the notifier that
 // wakes waiting /sync requests and the signals of the background workers
 // (changes), which the domains that write the stream are given; then the
-// rooms, the to-device messages and the other domains; then the keys
-// domain, which reads from them; then the HTTP handlers. No part is
+// rooms, the to-device messages, accounts and the other domains; then the
+// keys domain, which reads from them; then the HTTP handlers. No part is
 // handed another after it was built.
 package server
 
@@ -48,6 +48,7 @@ import (
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
 )
@@ -76,6 +77,7 @@ type Options struct {
 
 // Tuning are the settings Options.Tune may adjust.
 type Tuning struct {
+	Users      *userapi.Options
 	Keys       *keyserver.Options
 	Federation *fedclient.Options
 	Sender     *sender.Options
@@ -99,6 +101,7 @@ type Server struct {
 	Updater    *updater.Updater
 	KeyRing    *gomatrixserverlib.KeyRing
 
+	Users       *userapi.Service
 	Keys        *keyserver.Service
 	Rooms       *roomserver.Service
 	Profiles    *profile.Service
@@ -147,7 +150,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	// notifier and the workers' signals.
 	s.Notifier = syncnotify.New()
 	s.push(func(context.Context) error { s.Notifier.Close(); return nil })
-	t := Tuning{Keys: &keyserver.Options{}, Federation: &fedclient.Options{}, Sender: &sender.Options{}, Updater: &updater.Options{}}
+	t := Tuning{Users: &userapi.Options{}, Keys: &keyserver.Options{}, Federation: &fedclient.Options{}, Sender: &sender.Options{}, Updater: &updater.Options{}}
 	*t.Federation = fedclient.Options{
 		ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
 		SkipVerify: cfg.Federation.TLSInsecureSkipVerify, Logger: log,
@@ -157,17 +160,22 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 			Allow: iprange.MustParse(cfg.Federation.IPRangeAllowlist),
 		},
 	}
+	*t.Users = userapi.Options{
+		ServerName:        cfg.ServerName,
+		RegistrationOpen:  cfg.ClientAPI.Registration == "open",
+		BcryptCost:        cfg.ClientAPI.BcryptCost,
+		FailedLogins:      limiter(cfg.ClientAPI.FailedLoginRateLimit, o.Now),
+		BcryptConcurrency: cfg.ClientAPI.BcryptConcurrency,
+		Logger:            log,
+		Now:               o.Now,
+	}
 	*t.Keys = keyserver.Options{
 		ServerName:                cfg.ServerName,
-		RegistrationOpen:          cfg.ClientAPI.Registration == "open",
-		BcryptCost:                cfg.ClientAPI.BcryptCost,
 		MaxOneTimeKeys:            cfg.ClientAPI.MaxOneTimeKeysPerDevice,
 		SyncMaxTimeout:            cfg.ClientAPI.SyncMaxTimeout.Duration(),
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
 		LaxKeyValidation:          !cfg.Keys.StrictValidation,
 		SendWait:                  cfg.Federation.SendWait.Duration(),
-		FailedLogins:              limiter(cfg.ClientAPI.FailedLoginRateLimit, o.Now),
-		BcryptConcurrency:         cfg.ClientAPI.BcryptConcurrency,
 		AccountData:               store,
 		ToDevice:                  store,
 		Logger:                    log,
@@ -209,7 +217,12 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Logger:    log, Now: o.Now,
 	})
 
+	// Accounts and devices.
+	t.Users.Changes = ch
+	s.Users = userapi.New(store, *t.Users)
+
 	// The keys domain.
+	t.Keys.Passwords = s.Users
 	t.Keys.Rooms, t.Keys.PDUs, t.Keys.DirectToDevice = s.Rooms, s.Rooms, s.ToDevice
 	s.Keys = keyserver.New(store, *t.Keys)
 	if o.Federated {
@@ -223,7 +236,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		s.push(s.Parker.Shutdown)
 	}
 	turn := cfg.ClientAPI.TURN
-	s.Client = clientapi.NewHandler(s.Keys, s.Keys, clientapi.Options{
+	s.Client = clientapi.NewHandler(s.Users, s.Keys, clientapi.Options{
 		MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 		AdminToken:      cfg.AdminToken,
 		RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),

@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 type ChangePasswordRequest struct {
 	NewPassword *string `json:"new_password"`
 	// LogoutDevices logs out every other device of the user (default true).
-	LogoutDevices *bool     `json:"logout_devices"`
-	Auth          *AuthData `json:"auth"`
+	LogoutDevices *bool              `json:"logout_devices"`
+	Auth          *matrixid.AuthData `json:"auth"`
 }
 
 // ChangePassword sets the caller's password after a password stage of
@@ -36,7 +36,7 @@ func (s *Service) ChangePassword(ctx context.Context, c matrixid.Caller, r Chang
 	if r.NewPassword != nil {
 		newPassword = *r.NewPassword
 	}
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/password", Params: struct {
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/password", Params: struct {
 		NewPassword   string `json:"new_password"`
 		LogoutDevices bool   `json:"logout_devices"`
 	}{newPassword, logout}}
@@ -61,7 +61,7 @@ func (s *Service) ChangePassword(ctx context.Context, c matrixid.Caller, r Chang
 
 // DeactivateRequest is POST /account/deactivate.
 type DeactivateRequest struct {
-	Auth *AuthData `json:"auth"`
+	Auth *matrixid.AuthData `json:"auth"`
 	// Erase asks that what the user sent be forgotten; everything of the
 	// user is deleted in any case.
 	Erase bool `json:"erase"`
@@ -74,7 +74,7 @@ type DeactivateRequest struct {
 // registered again, and then the user leaves every room, as Synapse parts
 // deactivated users.
 func (s *Service) Deactivate(ctx context.Context, c matrixid.Caller, r DeactivateRequest) error {
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/deactivate", Params: struct {
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/deactivate", Params: struct {
 		Erase bool `json:"erase"`
 	}{r.Erase}}
 	if err := s.userInteractive(ctx, stagePassword, req, r.Auth, s.passwordStage(ctx, c)); err != nil {
@@ -100,9 +100,22 @@ func (s *Service) Deactivate(ctx context.Context, c matrixid.Caller, r Deactivat
 		return nil
 	}
 	for _, room := range rooms {
-		if err := s.SetMembership(ctx, room, c.UserID, storage.MembershipLeave); err != nil {
+		if err := s.leave(ctx, room, c.UserID); err != nil {
 			log.WithError(err).WithField("room_id", room).Warn("a deactivated user could not leave a room")
 		}
+	}
+	return nil
+}
+
+// leave records that a deactivated user left a room: the device lists of
+// the users sharing it change.
+func (s *Service) leave(ctx context.Context, roomID, userID string) error {
+	res, err := s.db.SetMembership(ctx, roomID, userID, storage.MembershipLeave, s.nowMS())
+	if err != nil {
+		return err
+	}
+	if s.changes != nil {
+		s.changes.MembershipChanged(res.Change, res.NewlyStale)
 	}
 	return nil
 }

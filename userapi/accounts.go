@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -28,28 +28,16 @@ func (s *Service) Authenticate(ctx context.Context, token string) (matrixid.Call
 	return matrixid.Caller{UserID: u, DeviceID: d}, err
 }
 
-// AuthData is the "auth" member of a user-interactive request.
-type AuthData struct {
-	Type       string `json:"type"`
-	Session    string `json:"session"`
-	Password   string `json:"password"`
-	User       string `json:"user"` // deprecated form of identifier
-	Identifier *struct {
-		Type string `json:"type"`
-		User string `json:"user"`
-	} `json:"identifier"`
-}
-
 // RegisterRequest is POST /register.
 type RegisterRequest struct {
-	Auth                     *AuthData `json:"auth"`
-	Username                 *string   `json:"username"`
-	Password                 *string   `json:"password"`
-	DeviceID                 *string   `json:"device_id"`
-	InitialDeviceDisplayName *string   `json:"initial_device_display_name"`
-	InhibitLogin             bool      `json:"inhibit_login"`
-	Kind                     string    `json:"-"` // ?kind=
-	IP                       string    `json:"-"`
+	Auth                     *matrixid.AuthData `json:"auth"`
+	Username                 *string            `json:"username"`
+	Password                 *string            `json:"password"`
+	DeviceID                 *string            `json:"device_id"`
+	InitialDeviceDisplayName *string            `json:"initial_device_display_name"`
+	InhibitLogin             bool               `json:"inhibit_login"`
+	Kind                     string             `json:"-"` // ?kind=
+	IP                       string             `json:"-"`
 }
 
 // LoginResponse is what /register and /login answer.
@@ -116,8 +104,8 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 	if kind == "" {
 		kind = "user"
 	}
-	req := uiaRequest{Method: http.MethodPost, Path: "/register", Params: kind}
-	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*AuthData) error { return nil }); err != nil {
+	req := matrixid.AuthRequest{Method: http.MethodPost, Path: "/register", Params: kind}
+	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*matrixid.AuthData) error { return nil }); err != nil {
 		return LoginResponse{}, err
 	}
 	hash, err := s.hashPassword(ctx, *r.Password)

@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -75,23 +75,23 @@ func (s *Service) RenameDevice(ctx context.Context, c matrixid.Caller, deviceID 
 // DeleteDevice deletes one device of the caller (DELETE /devices/{id})
 // after a password stage of user-interactive auth. A device that does not
 // exist is ignored.
-func (s *Service) DeleteDevice(ctx context.Context, c matrixid.Caller, deviceID string, auth *AuthData) error {
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodDelete, Path: "/devices/" + deviceID}
+func (s *Service) DeleteDevice(ctx context.Context, c matrixid.Caller, deviceID string, auth *matrixid.AuthData) error {
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodDelete, Path: "/devices/" + deviceID}
 	return s.deleteDevices(ctx, c, []string{deviceID}, req, auth)
 }
 
 // DeleteDevices deletes devices of the caller (POST /delete_devices) after
 // a password stage of user-interactive auth. Devices that do not exist are
 // ignored.
-func (s *Service) DeleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, auth *AuthData) error {
+func (s *Service) DeleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, auth *matrixid.AuthData) error {
 	// The session is bound to the set of devices, in any order.
 	set := slices.Clone(deviceIDs)
 	slices.Sort(set)
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/delete_devices", Params: slices.Compact(set)}
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/delete_devices", Params: slices.Compact(set)}
 	return s.deleteDevices(ctx, c, deviceIDs, req, auth)
 }
 
-func (s *Service) deleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, req uiaRequest, auth *AuthData) error {
+func (s *Service) deleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, req matrixid.AuthRequest, auth *matrixid.AuthData) error {
 	if err := s.userInteractive(ctx, stagePassword, req, auth, s.passwordStage(ctx, c)); err != nil {
 		return err
 	}
