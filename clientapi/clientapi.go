@@ -35,9 +35,9 @@ import (
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
-	"github.com/keyserver/keyserver/userapi"
 )
 
 // Options configure the client API.
@@ -511,7 +511,7 @@ func (a *API) deleteDevice(r *http.Request, c matrixid.Caller) (any, error) {
 
 func (a *API) deleteDevices(r *http.Request, c matrixid.Caller) (any, error) {
 	var req struct {
-		Devices []string            `json:"devices"`
+		Devices []string           `json:"devices"`
 		Auth    *matrixid.AuthData `json:"auth"`
 	}
 	if err := a.decode(r, &req); err != nil {

@@ -41,9 +41,6 @@ type Options struct {
 	Notifier *syncnotify.Notifier
 	// Rooms gives /sync its rooms part; nil: /sync has none.
 	Rooms RoomsSource
-	// PDUs takes the PDUs of other servers' transactions; nil: they are
-	// answered as not processed.
-	PDUs PDUReceiver
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
@@ -62,9 +59,6 @@ type Options struct {
 	// ToDevice gives /sync the devices' to-device messages; nil: /sync has
 	// no to_device section.
 	ToDevice ToDeviceInbox
-	// DirectToDevice receives the m.direct_to_device EDUs of other
-	// servers; nil: they are dropped.
-	DirectToDevice DirectToDeviceReceiver
 
 	// LaxKeyValidation checks only the shape of uploaded keys, not their
 	// signatures or key values (keys.strict_validation: false); the zero
@@ -100,7 +94,6 @@ type Service struct {
 	log      logrus.FieldLogger
 	now      func() time.Time
 	rooms    RoomsSource // nil: /sync has no rooms part
-	pdus     PDUReceiver // nil: PDUs are answered as not processed
 }
 
 // New makes a Service.
@@ -124,7 +117,7 @@ func New(db storage.Database, opts Options) *Service {
 		opts.UntrackedCacheTTL = time.Minute
 	}
 	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: opts.Notifier, log: opts.Logger, now: opts.Now,
-		rooms: opts.Rooms, pdus: opts.PDUs, sender: opts.Outbound, updater: opts.StaleLists}
+		rooms: opts.Rooms, sender: opts.Outbound, updater: opts.StaleLists}
 	if s.notifier == nil {
 		s.notifier = syncnotify.New()
 	}

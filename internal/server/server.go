@@ -7,7 +7,8 @@
 // wakes waiting /sync requests and the signals of the background workers
 // (changes), which the domains that write the stream are given; then the
 // rooms, the to-device messages, accounts and the other domains; then the
-// keys domain, which reads from them; then the HTTP handlers. No part is
+// keys domain, which reads from them; then the router of other servers'
+// transactions; then the HTTP handlers. No part is
 // handed another after it was built.
 package server
 
@@ -34,6 +35,7 @@ import (
 	"github.com/keyserver/keyserver/devicelist/updater"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
+	"github.com/keyserver/keyserver/fedrouter"
 	"github.com/keyserver/keyserver/initialsync"
 	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/identity"
@@ -108,6 +110,8 @@ type Server struct {
 	PublicRooms *publicrooms.Service
 	ToDevice    *todevice.Service
 	Dehydrated  *dehydrated.Service
+	// Transactions routes other servers' transactions to the domains.
+	Transactions *fedrouter.Router
 	// Parker holds parked /sync connections (nil without
 	// Options.ParkSyncs).
 	Parker *httppark.Parker
@@ -223,11 +227,14 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 
 	// The keys domain.
 	t.Keys.Passwords = s.Users
-	t.Keys.Rooms, t.Keys.PDUs, t.Keys.DirectToDevice = s.Rooms, s.Rooms, s.ToDevice
+	t.Keys.Rooms = s.Rooms
 	s.Keys = keyserver.New(store, *t.Keys)
 	if o.Federated {
 		s.Updater = updater.New(store, s.Keys.ResyncStale, *t.Updater)
 	}
+	// Other servers' transactions, routed to the domains.
+	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.Keys, DirectToDevice: s.ToDevice,
+		PDUs: s.Rooms, Now: o.Now})
 	s.Dehydrated = dehydrated.New(store, dehydratedKeys{s.Keys}, ch.DeviceListChanged, o.Now)
 
 	// The HTTP handlers.
@@ -259,7 +266,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Dehydrated: s.Dehydrated,
 		Parker:     s.Parker,
 	})
-	s.FederationAPI = federationapi.NewHandler(s.Keys, federationapi.Options{
+	s.FederationAPI = federationapi.NewHandler(s.Keys, s.Transactions, federationapi.Options{
 		ServerName:      cfg.ServerName,
 		SigningKey:      s.SigningKey,
 		KeyValidity:     cfg.Federation.KeyValidity.Duration(),
