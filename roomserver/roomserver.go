@@ -121,7 +121,8 @@ type Store interface {
 // MembershipSink is the device-list side's one view of rooms: told of
 // every committed room write, with the local users it concerns, the
 // remote users whose lists are now tracked, and whether events were
-// queued for other servers (keyserver.Service, which owns the sender).
+// queued for other servers (the server's change fan-out, which wakes
+// waiting /sync requests, the updater and the outbound queue).
 type MembershipSink interface {
 	RoomWritten(res storage.RoomWriteResult)
 }

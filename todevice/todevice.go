@@ -192,7 +192,7 @@ func (s *Service) Receive(ctx context.Context, origin string, content json.RawMe
 	return nil
 }
 
-// ReceiveDirectToDevice is Receive, as package keyserver calls it.
+// ReceiveDirectToDevice is Receive, as package fedrouter calls it.
 func (s *Service) ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error {
 	return s.Receive(ctx, origin, content)
 }
