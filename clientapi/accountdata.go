@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/matrixid"
 )
 
 // accountDataRoutes serves account data, global and per room, and room
@@ -22,7 +22,7 @@ func (a *API) accountDataRoutes(s prefixed) {
 	s.Handle("/user/{userId}/rooms/{roomId}/tags/{tag}", a.authed(a.deleteRoomTag)).Methods(http.MethodDelete)
 }
 
-func (a *API) roomTags(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomTags(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "userId", "roomId")
 	if err != nil {
 		return nil, err
@@ -30,7 +30,7 @@ func (a *API) roomTags(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.AccountData.Tags(r.Context(), c.UserID, v[0], v[1])
 }
 
-func (a *API) setRoomTag(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) setRoomTag(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "userId", "roomId", "tag")
 	if err != nil {
 		return nil, err
@@ -42,7 +42,7 @@ func (a *API) setRoomTag(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.opts.AccountData.SetTag(r.Context(), c.UserID, v[0], v[1], v[2], body)
 }
 
-func (a *API) deleteRoomTag(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteRoomTag(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "userId", "roomId", "tag")
 	if err != nil {
 		return nil, err
@@ -66,7 +66,7 @@ func accountDataPath(r *http.Request) (userID, roomID, dataType string, err erro
 }
 
 func (a *API) setAccountData(perRoom bool) authedHandler {
-	return func(r *http.Request, c keyserver.Caller) (any, error) {
+	return func(r *http.Request, c matrixid.Caller) (any, error) {
 		userID, roomID, dataType, err := accountDataPath(r)
 		if err != nil {
 			return nil, err
@@ -80,7 +80,7 @@ func (a *API) setAccountData(perRoom bool) authedHandler {
 }
 
 func (a *API) accountData(perRoom bool) authedHandler {
-	return func(r *http.Request, c keyserver.Caller) (any, error) {
+	return func(r *http.Request, c matrixid.Caller) (any, error) {
 		userID, roomID, dataType, err := accountDataPath(r)
 		if err != nil {
 			return nil, err

@@ -22,6 +22,7 @@ import (
 	"github.com/keyserver/keyserver/internal/httppark"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/iprange"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
@@ -36,6 +37,7 @@ import (
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
 )
@@ -92,8 +94,9 @@ type Options struct {
 
 // API serves the client-server API.
 type API struct {
-	ks   *keyserver.Service
-	opts Options
+	accounts Accounts
+	keys     Keys
+	opts     Options
 }
 
 // specVersions are the client-server API versions this server speaks.
@@ -104,14 +107,14 @@ var specVersions = []string{
 }
 
 // NewHandler returns the client API's HTTP handler.
-func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
+func NewHandler(accounts Accounts, keys Keys, opts Options) http.Handler {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = 1 << 20
 	}
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
 	}
-	a := &API{ks: ks, opts: opts}
+	a := &API{accounts: accounts, keys: keys, opts: opts}
 	r, rooms := newRouter(), newRouter()
 
 	r.Handle("/_matrix/client/versions", a.public(a.versions)).Methods(http.MethodGet)
@@ -139,12 +142,12 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	e2e.Handle("/keys/upload", a.authed(a.uploadKeys)).Methods(http.MethodPost)
 	// r0 clients may name their device in the path; the token decides.
 	e2e.Handle("/keys/upload/{deviceId}", a.authed(a.uploadKeys)).Methods(http.MethodPost)
-	e2e.Handle("/keys/query", a.waits(ks.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
-	e2e.Handle("/keys/claim", a.waits(ks.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
+	e2e.Handle("/keys/query", a.waits(keys.RemoteMaxWait(), a.authed(a.queryKeys))).Methods(http.MethodPost)
+	e2e.Handle("/keys/claim", a.waits(keys.RemoteMaxWait(), a.authed(a.claimKeys))).Methods(http.MethodPost)
 	e2e.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
 	e2e.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
 	e2e.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
-	s.Handle("/sync", a.waits(ks.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
+	s.Handle("/sync", a.waits(keys.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
 	a.keyBackupRoutes(e2e)
 	a.accountDataRoutes(s)
 	a.pushRuleRoutes(s)
@@ -164,7 +167,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}).Methods(http.MethodGet)
 	r.HandleFunc("/health/ready", func(w http.ResponseWriter, r *http.Request) {
-		if err := ks.Ready(r.Context()); err != nil {
+		if err := accounts.Ready(r.Context()); err != nil {
 			httpx.Logger(r).WithError(err).Warn("not ready: the database does not answer")
 			httpx.JSON(w, http.StatusServiceUnavailable, map[string]string{"status": "database unavailable"})
 			return
@@ -236,7 +239,7 @@ func (p prefixed) Handle(path string, h http.Handler) *mux.Route {
 // handler is an endpoint: it returns the 200 body or an error.
 type handler func(r *http.Request) (any, error)
 
-type authedHandler func(r *http.Request, c keyserver.Caller) (any, error)
+type authedHandler func(r *http.Request, c matrixid.Caller) (any, error)
 
 func (a *API) public(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -262,8 +265,8 @@ func (a *API) authed(h authedHandler) http.Handler {
 
 // authenticate finds the request's caller and applies its rate limit; if
 // it returns false, it has answered.
-func (a *API) authenticate(w http.ResponseWriter, r *http.Request) (keyserver.Caller, bool) {
-	c, err := a.ks.Authenticate(r.Context(), accessToken(r))
+func (a *API) authenticate(w http.ResponseWriter, r *http.Request) (matrixid.Caller, bool) {
+	c, err := a.accounts.Authenticate(r.Context(), accessToken(r))
 	if err != nil {
 		httpx.Error(w, r, err)
 		return c, false
@@ -381,13 +384,13 @@ func (a *API) register(r *http.Request) (any, error) {
 	if ok, wait := a.opts.RegisterLimit.Peek(ip); !ok {
 		return nil, mxerr.LimitExceeded(wait)
 	}
-	var req keyserver.RegisterRequest
+	var req userapi.RegisterRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
 	req.Kind = r.URL.Query().Get("kind")
 	req.IP = ip
-	res, err := a.ks.Register(r.Context(), req)
+	res, err := a.accounts.Register(r.Context(), req)
 	if err == nil {
 		a.opts.RegisterLimit.Allow(ip)
 	}
@@ -402,7 +405,7 @@ func (a *API) available(r *http.Request) (any, error) {
 	if err := httpx.CleanParam("username", u); err != nil {
 		return nil, err
 	}
-	if err := a.ks.Available(r.Context(), u); err != nil {
+	if err := a.accounts.Available(r.Context(), u); err != nil {
 		return nil, err
 	}
 	return map[string]bool{"available": true}, nil
@@ -416,40 +419,40 @@ func (a *API) login(r *http.Request) (any, error) {
 	if err := limitAddress(a.opts.LoginLimit, r); err != nil {
 		return nil, err
 	}
-	var req keyserver.LoginRequest
+	var req userapi.LoginRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
 	req.IP = remoteIP(r)
-	return a.ks.Login(r.Context(), req)
+	return a.accounts.Login(r.Context(), req)
 }
 
-func (a *API) logout(r *http.Request, c keyserver.Caller) (any, error) {
-	return empty, a.ks.Logout(r.Context(), c)
+func (a *API) logout(r *http.Request, c matrixid.Caller) (any, error) {
+	return empty, a.accounts.Logout(r.Context(), c)
 }
 
-func (a *API) logoutAll(r *http.Request, c keyserver.Caller) (any, error) {
-	return empty, a.ks.LogoutAll(r.Context(), c)
+func (a *API) logoutAll(r *http.Request, c matrixid.Caller) (any, error) {
+	return empty, a.accounts.LogoutAll(r.Context(), c)
 }
 
-func (a *API) whoami(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) whoami(r *http.Request, c matrixid.Caller) (any, error) {
 	return map[string]any{"user_id": c.UserID, "device_id": c.DeviceID, "is_guest": false}, nil
 }
 
-func (a *API) changePassword(r *http.Request, c keyserver.Caller) (any, error) {
-	var req keyserver.ChangePasswordRequest
+func (a *API) changePassword(r *http.Request, c matrixid.Caller) (any, error) {
+	var req userapi.ChangePasswordRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.ChangePassword(r.Context(), c, req)
+	return empty, a.accounts.ChangePassword(r.Context(), c, req)
 }
 
-func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
-	var req keyserver.DeactivateRequest
+func (a *API) deactivate(r *http.Request, c matrixid.Caller) (any, error) {
+	var req userapi.DeactivateRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	if err := a.ks.Deactivate(r.Context(), c, req); err != nil {
+	if err := a.accounts.Deactivate(r.Context(), c, req); err != nil {
 		return nil, err
 	}
 	// No identity server is ever bound.
@@ -457,11 +460,11 @@ func (a *API) deactivate(r *http.Request, c keyserver.Caller) (any, error) {
 }
 
 // threePIDs answers GET /account/3pid: no third-party IDs are kept.
-func (a *API) threePIDs(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) threePIDs(r *http.Request, c matrixid.Caller) (any, error) {
 	return map[string]any{"threepids": []any{}}, nil
 }
 
-func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) capabilities(r *http.Request, c matrixid.Caller) (any, error) {
 	caps := map[string]any{
 		"m.change_password": map[string]bool{"enabled": true},
 	}
@@ -473,23 +476,23 @@ func (a *API) capabilities(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"capabilities": caps}, nil
 }
 
-func (a *API) devices(r *http.Request, c keyserver.Caller) (any, error) {
-	ds, err := a.ks.Devices(r.Context(), c)
+func (a *API) devices(r *http.Request, c matrixid.Caller) (any, error) {
+	ds, err := a.accounts.Devices(r.Context(), c)
 	if err != nil {
 		return nil, err
 	}
 	return map[string]any{"devices": ds}, nil
 }
 
-func (a *API) device(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) device(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err
 	}
-	return a.ks.Device(r.Context(), c, id)
+	return a.accounts.Device(r.Context(), c, id)
 }
 
-func (a *API) renameDevice(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) renameDevice(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err
@@ -500,27 +503,27 @@ func (a *API) renameDevice(r *http.Request, c keyserver.Caller) (any, error) {
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.RenameDevice(r.Context(), c, id, req.DisplayName)
+	return empty, a.accounts.RenameDevice(r.Context(), c, id, req.DisplayName)
 }
 
-func (a *API) deleteDevice(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteDevice(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err
 	}
 	var req struct {
-		Auth *keyserver.AuthData `json:"auth"`
+		Auth *matrixid.AuthData `json:"auth"`
 	}
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.DeleteDevice(r.Context(), c, id, req.Auth)
+	return empty, a.accounts.DeleteDevice(r.Context(), c, id, req.Auth)
 }
 
-func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteDevices(r *http.Request, c matrixid.Caller) (any, error) {
 	var req struct {
-		Devices []string            `json:"devices"`
-		Auth    *keyserver.AuthData `json:"auth"`
+		Devices []string           `json:"devices"`
+		Auth    *matrixid.AuthData `json:"auth"`
 	}
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -528,54 +531,54 @@ func (a *API) deleteDevices(r *http.Request, c keyserver.Caller) (any, error) {
 	if req.Devices == nil {
 		return nil, mxerr.MissingParam("devices is required")
 	}
-	return empty, a.ks.DeleteDevices(r.Context(), c, req.Devices, req.Auth)
+	return empty, a.accounts.DeleteDevices(r.Context(), c, req.Devices, req.Auth)
 }
 
-func (a *API) uploadKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) uploadKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.UploadRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return a.ks.UploadKeys(r.Context(), c, req)
+	return a.keys.UploadKeys(r.Context(), c, req)
 }
 
-func (a *API) queryKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) queryKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.QueryRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
 	req.Timeout = req.Timeout.Or(keyserver.ParseTimeout(r.URL.Query().Get("timeout")))
-	return a.ks.QueryKeys(r.Context(), c, req)
+	return a.keys.QueryKeys(r.Context(), c, req)
 }
 
-func (a *API) uploadSigningKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) uploadSigningKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.SigningKeysUpload
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.UploadSigningKeys(r.Context(), c, req)
+	return empty, a.keys.UploadSigningKeys(r.Context(), c, req)
 }
 
-func (a *API) uploadSignatures(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) uploadSignatures(r *http.Request, c matrixid.Caller) (any, error) {
 	var req map[string]map[string]json.RawMessage
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
-	return a.ks.UploadSignatures(r.Context(), c, req)
+	return a.keys.UploadSignatures(r.Context(), c, req)
 }
 
-func (a *API) claimKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) claimKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keyserver.ClaimRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
 	req.Timeout = req.Timeout.Or(keyserver.ParseTimeout(r.URL.Query().Get("timeout")))
-	return a.ks.ClaimKeys(r.Context(), c, req)
+	return a.keys.ClaimKeys(r.Context(), c, req)
 }
 
-func (a *API) keyChanges(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) keyChanges(r *http.Request, c matrixid.Caller) (any, error) {
 	q := r.URL.Query()
-	return a.ks.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
+	return a.keys.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
 }
 
 // sync answers /sync. A request that may wait for news parks when it can
@@ -602,9 +605,9 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 	}
 	since := q.Get("since")
 	o := keyserver.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"}
-	if wait := min(timeout, a.ks.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
+	if wait := min(timeout, a.keys.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
 		pw := a.opts.Parker.NewWaiter()
-		job := &syncJob{ks: a.ks, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),
+		job := &syncJob{ks: a.keys, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),
 			wake: func(e syncnotify.Event) { pw.Wake(e != syncnotify.StreamEvent) }}
 		pw.Wake(false) // the first read, as soon as a worker is free
 		if pw.Park(w, r, wait, job, func() func(int) { return httpx.Detach(w) }) == nil {
@@ -613,14 +616,14 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 		// The connection could not be taken over (the server shuts
 		// down): answer the ordinary way.
 	}
-	res, err := a.ks.Sync(r.Context(), c, since, timeout, o)
+	res, err := a.keys.Sync(r.Context(), c, since, timeout, o)
 	respond(w, r, res, err)
 }
 
 // syncJob answers a parked /sync request.
 type syncJob struct {
-	ks      *keyserver.Service
-	c       keyserver.Caller
+	ks      Keys
+	c       matrixid.Caller
 	since   string
 	timeout time.Duration
 	o       keyserver.SyncOptions
@@ -675,5 +678,5 @@ func (a *API) setMembership(r *http.Request) (any, error) {
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
 	}
-	return empty, a.ks.SetMembership(r.Context(), roomID, userID, req.Membership)
+	return empty, a.keys.SetMembership(r.Context(), roomID, userID, req.Membership)
 }

@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/keyserver/keyserver/dehydrated"
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/matrixid"
 )
 
 // dehydratedPrefix is the unstable prefix of MSC3814.
@@ -23,7 +23,7 @@ func (a *API) dehydratedRoutes(r prefixed) {
 	r.Handle("/dehydrated_device/{deviceId}/events", a.authed(a.dehydratedEvents)).Methods(http.MethodPost, http.MethodGet)
 }
 
-func (a *API) putDehydrated(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) putDehydrated(r *http.Request, c matrixid.Caller) (any, error) {
 	var req dehydrated.PutRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -31,15 +31,15 @@ func (a *API) putDehydrated(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.Dehydrated.Put(r.Context(), c.UserID, req)
 }
 
-func (a *API) getDehydrated(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) getDehydrated(r *http.Request, c matrixid.Caller) (any, error) {
 	return a.opts.Dehydrated.Get(r.Context(), c.UserID)
 }
 
-func (a *API) deleteDehydrated(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteDehydrated(r *http.Request, c matrixid.Caller) (any, error) {
 	return a.opts.Dehydrated.Delete(r.Context(), c.UserID)
 }
 
-func (a *API) dehydratedEvents(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) dehydratedEvents(r *http.Request, c matrixid.Caller) (any, error) {
 	id, err := pathVar(r, "deviceId")
 	if err != nil {
 		return nil, err

@@ -254,7 +254,7 @@ func TestSync(t *testing.T) {
 
 		// Shutting down releases waiting syncs.
 		ch = syncAsync(t, srv, alice, got.Body["next_batch"].(string), 1)
-		srv.Service.Close()
+		srv.Parts.ReleaseWaiting()
 		receive(t, ch)
 		if n := srv.Service.WaitingSyncs(); n != 0 {
 			t.Fatalf("%d syncs still waiting", n)

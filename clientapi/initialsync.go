@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/keyserver/keyserver/initialsync"
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/matrixid"
 )
 
 // initialSyncRoutes serve the first sync API, which Synapse still serves:
@@ -18,7 +18,7 @@ func (a *API) initialSyncRoutes(s, room prefixed) {
 	room.Handle("/rooms/{roomId}/initialSync", a.authed(a.roomInitialSync)).Methods(http.MethodGet)
 }
 
-func (a *API) initialSync(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) initialSync(r *http.Request, c matrixid.Caller) (any, error) {
 	limit, err := initialsync.ParseLimit(r.URL.Query().Get("limit"))
 	if err != nil {
 		return nil, err
@@ -26,7 +26,7 @@ func (a *API) initialSync(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.InitialSync.All(r.Context(), c.UserID, limit, r.URL.Query().Get("archived") == "true")
 }
 
-func (a *API) roomInitialSync(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomInitialSync(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err

@@ -4,9 +4,9 @@ import (
 	"net/http"
 
 	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/keybackup"
-	"github.com/keyserver/keyserver/keyserver"
 )
 
 // keyBackupRoutes serves the server-side key backup (/room_keys).
@@ -26,7 +26,7 @@ func (a *API) keyBackupRoutes(s prefixed) {
 	}
 }
 
-func (a *API) createBackupVersion(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) createBackupVersion(r *http.Request, c matrixid.Caller) (any, error) {
 	var req keybackup.VersionRequest
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -34,7 +34,7 @@ func (a *API) createBackupVersion(r *http.Request, c keyserver.Caller) (any, err
 	return a.opts.KeyBackup.CreateVersion(r.Context(), c.UserID, req)
 }
 
-func (a *API) backupVersion(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) backupVersion(r *http.Request, c matrixid.Caller) (any, error) {
 	version, err := pathVar(r, "version")
 	if err != nil {
 		return nil, err
@@ -42,7 +42,7 @@ func (a *API) backupVersion(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.KeyBackup.Version(r.Context(), c.UserID, version)
 }
 
-func (a *API) updateBackupVersion(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) updateBackupVersion(r *http.Request, c matrixid.Caller) (any, error) {
 	version, err := pathVar(r, "version")
 	if err != nil {
 		return nil, err
@@ -54,7 +54,7 @@ func (a *API) updateBackupVersion(r *http.Request, c keyserver.Caller) (any, err
 	return empty, a.opts.KeyBackup.UpdateVersion(r.Context(), c.UserID, version, req)
 }
 
-func (a *API) deleteBackupVersion(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteBackupVersion(r *http.Request, c matrixid.Caller) (any, error) {
 	version, err := pathVar(r, "version")
 	if err != nil {
 		return nil, err
@@ -75,7 +75,7 @@ func backupKeyPath(r *http.Request) (version, roomID, sessionID string, err erro
 	return version, roomID, sessionID, httpx.CleanParam("version", version)
 }
 
-func (a *API) putBackupKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) putBackupKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	version, roomID, sessionID, err := backupKeyPath(r)
 	if err != nil {
 		return nil, err
@@ -110,7 +110,7 @@ func (a *API) putBackupKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.KeyBackup.PutKeys(r.Context(), c.UserID, version, rooms)
 }
 
-func (a *API) backupKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) backupKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	version, roomID, sessionID, err := backupKeyPath(r)
 	if err != nil {
 		return nil, err
@@ -118,7 +118,7 @@ func (a *API) backupKeys(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.KeyBackup.Keys(r.Context(), c.UserID, version, roomID, sessionID)
 }
 
-func (a *API) deleteBackupKeys(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteBackupKeys(r *http.Request, c matrixid.Caller) (any, error) {
 	version, roomID, sessionID, err := backupKeyPath(r)
 	if err != nil {
 		return nil, err

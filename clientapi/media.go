@@ -8,9 +8,9 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/keyserver/keyserver/internal/httpx"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/media"
 )
 
@@ -89,7 +89,7 @@ func (a *API) mediaUploadTo(r *http.Request, u media.Upload) (any, error) {
 	return empty, a.opts.Media.UploadTo(r.Context(), server, id, u)
 }
 
-func (a *API) mediaCreate(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) mediaCreate(r *http.Request, c matrixid.Caller) (any, error) {
 	uri, expires, err := a.opts.Media.Create(r.Context(), c.UserID)
 	if err != nil {
 		return nil, err
@@ -97,11 +97,11 @@ func (a *API) mediaCreate(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"content_uri": uri, "unused_expires_at": expires}, nil
 }
 
-func (a *API) mediaConfig(*http.Request, keyserver.Caller) (any, error) {
+func (a *API) mediaConfig(*http.Request, matrixid.Caller) (any, error) {
 	return a.opts.Media.Config(), nil
 }
 
-func (a *API) previewURL(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) previewURL(r *http.Request, c matrixid.Caller) (any, error) {
 	return a.opts.Media.PreviewURL(r.Context(), c.UserID, r.URL.Query().Get("url"))
 }
 

@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/profile"
 )
 
@@ -47,7 +47,7 @@ func (a *API) profile(field string) handler {
 
 // setProfile sets one field: {"<field>": "value"}, or null to remove it.
 func (a *API) setProfile(field string) authedHandler {
-	return func(r *http.Request, c keyserver.Caller) (any, error) {
+	return func(r *http.Request, c matrixid.Caller) (any, error) {
 		userID, err := pathVar(r, "userId")
 		if err != nil {
 			return nil, err

@@ -3,8 +3,8 @@ package clientapi
 import (
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/publicrooms"
 )
 
@@ -17,7 +17,7 @@ func (a *API) publicRoomRoutes(s prefixed) {
 		return
 	}
 	anyone := a.public(a.publicRooms)
-	user := a.authed(func(r *http.Request, _ keyserver.Caller) (any, error) { return a.publicRooms(r) })
+	user := a.authed(func(r *http.Request, _ matrixid.Caller) (any, error) { return a.publicRooms(r) })
 	s.Handle("/publicRooms", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.opts.PublicRooms.Remote(r.URL.Query().Get("server")) {
 			user.ServeHTTP(w, r)
@@ -38,7 +38,7 @@ func (a *API) publicRooms(r *http.Request) (any, error) {
 	return a.opts.PublicRooms.List(r.Context(), r.URL.Query().Get("server"), req)
 }
 
-func (a *API) filteredPublicRooms(r *http.Request, _ keyserver.Caller) (any, error) {
+func (a *API) filteredPublicRooms(r *http.Request, _ matrixid.Caller) (any, error) {
 	var req publicrooms.Request
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -61,7 +61,7 @@ func (a *API) roomVisibility(r *http.Request) (any, error) {
 	return map[string]string{"visibility": v}, nil
 }
 
-func (a *API) setRoomVisibility(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) setRoomVisibility(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err

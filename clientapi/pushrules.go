@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/pushrules"
 )
 
@@ -15,12 +15,12 @@ func (a *API) pushRuleRoutes(s prefixed) {
 	if a.opts.PushRules == nil {
 		return
 	}
-	all := a.authed(func(r *http.Request, c keyserver.Caller) (any, error) {
+	all := a.authed(func(r *http.Request, c matrixid.Caller) (any, error) {
 		return a.opts.PushRules.All(r.Context(), c.UserID)
 	})
 	s.Handle("/pushrules/", all).Methods(http.MethodGet)
 	s.Handle("/pushrules", all).Methods(http.MethodGet)
-	scope := a.authed(func(r *http.Request, c keyserver.Caller) (any, error) {
+	scope := a.authed(func(r *http.Request, c matrixid.Caller) (any, error) {
 		v, err := pathVars(r, "scope")
 		if err != nil {
 			return nil, err
@@ -29,7 +29,7 @@ func (a *API) pushRuleRoutes(s prefixed) {
 	})
 	s.Handle("/pushrules/{scope}/", scope).Methods(http.MethodGet)
 	s.Handle("/pushrules/{scope}", scope).Methods(http.MethodGet)
-	kind := a.authed(func(r *http.Request, c keyserver.Caller) (any, error) {
+	kind := a.authed(func(r *http.Request, c matrixid.Caller) (any, error) {
 		v, err := pathVars(r, "scope", "kind")
 		if err != nil {
 			return nil, err
@@ -57,7 +57,7 @@ func pushRulePath(r *http.Request) (scope, kind, ruleID string, err error) {
 	return v[0], v[1], v[2], nil
 }
 
-func (a *API) pushRule(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) pushRule(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err
@@ -65,7 +65,7 @@ func (a *API) pushRule(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.PushRules.Rule(r.Context(), c.UserID, scope, kind, id)
 }
 
-func (a *API) putPushRule(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) putPushRule(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err
@@ -78,7 +78,7 @@ func (a *API) putPushRule(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.opts.PushRules.Put(r.Context(), c.UserID, scope, kind, id, q.Get("before"), q.Get("after"), body)
 }
 
-func (a *API) deletePushRule(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deletePushRule(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func (a *API) deletePushRule(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.opts.PushRules.Delete(r.Context(), c.UserID, scope, kind, id)
 }
 
-func (a *API) pushRuleEnabled(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) pushRuleEnabled(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err
@@ -98,7 +98,7 @@ func (a *API) pushRuleEnabled(r *http.Request, c keyserver.Caller) (any, error) 
 	return map[string]bool{"enabled": enabled}, nil
 }
 
-func (a *API) setPushRuleEnabled(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) setPushRuleEnabled(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err
@@ -115,7 +115,7 @@ func (a *API) setPushRuleEnabled(r *http.Request, c keyserver.Caller) (any, erro
 	return empty, a.opts.PushRules.SetEnabled(r.Context(), c.UserID, scope, kind, id, *body.Enabled)
 }
 
-func (a *API) pushRuleActions(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) pushRuleActions(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err
@@ -127,7 +127,7 @@ func (a *API) pushRuleActions(r *http.Request, c keyserver.Caller) (any, error) 
 	return map[string]any{"actions": actions}, nil
 }
 
-func (a *API) setPushRuleActions(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) setPushRuleActions(r *http.Request, c matrixid.Caller) (any, error) {
 	scope, kind, id, err := pushRulePath(r)
 	if err != nil {
 		return nil, err

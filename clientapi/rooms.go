@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/roomserver"
 )
 
@@ -50,7 +50,7 @@ func (a *API) roomRoutes(s, room prefixed) {
 	s.Handle("/user/{userId}/filter/{filterId}", a.authed(a.getFilter)).Methods(http.MethodGet)
 }
 
-func (a *API) putFilter(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) putFilter(r *http.Request, c matrixid.Caller) (any, error) {
 	userID, err := pathVar(r, "userId")
 	if err != nil {
 		return nil, err
@@ -66,7 +66,7 @@ func (a *API) putFilter(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]string{"filter_id": id}, nil
 }
 
-func (a *API) getFilter(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) getFilter(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "userId", "filterId")
 	if err != nil {
 		return nil, err
@@ -87,7 +87,7 @@ func pathVars(r *http.Request, names ...string) ([]string, error) {
 	return out, nil
 }
 
-func (a *API) createRoom(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) createRoom(r *http.Request, c matrixid.Caller) (any, error) {
 	var req roomserver.CreateRoomRequest
 	if err := a.decodeOptional(r, &req); err != nil {
 		return nil, err
@@ -108,7 +108,7 @@ func (a *API) eventBody(r *http.Request) (json.RawMessage, error) {
 	return content, nil
 }
 
-func (a *API) sendEvent(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) sendEvent(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "roomId", "eventType", "txnId")
 	if err != nil {
 		return nil, err
@@ -124,7 +124,7 @@ func (a *API) sendEvent(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]string{"event_id": id}, nil
 }
 
-func (a *API) redact(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) redact(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "roomId", "eventId", "txnId")
 	if err != nil {
 		return nil, err
@@ -142,7 +142,7 @@ func (a *API) redact(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]string{"event_id": id}, nil
 }
 
-func (a *API) sendState(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) sendState(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "roomId", "eventType", "stateKey")
 	if err != nil {
 		return nil, err
@@ -158,7 +158,7 @@ func (a *API) sendState(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]string{"event_id": id}, nil
 }
 
-func (a *API) roomState(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomState(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -166,7 +166,7 @@ func (a *API) roomState(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.Rooms.State(r.Context(), c.UserID, roomID)
 }
 
-func (a *API) roomStateEvent(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomStateEvent(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "roomId", "eventType", "stateKey")
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func (a *API) roomStateEvent(r *http.Request, c keyserver.Caller) (any, error) {
 	return ev.Content, nil
 }
 
-func (a *API) roomMembers(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomMembers(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -195,7 +195,7 @@ func (a *API) roomMembers(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"chunk": members}, nil
 }
 
-func (a *API) joinedMembers(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) joinedMembers(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -207,7 +207,7 @@ func (a *API) joinedMembers(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"joined": joined}, nil
 }
 
-func (a *API) roomEvent(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomEvent(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "roomId", "eventId")
 	if err != nil {
 		return nil, err
@@ -215,7 +215,7 @@ func (a *API) roomEvent(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.Rooms.Event(r.Context(), c.UserID, v[0], v[1])
 }
 
-func (a *API) roomMessages(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomMessages(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -225,7 +225,7 @@ func (a *API) roomMessages(r *http.Request, c keyserver.Caller) (any, error) {
 		From: q.Get("from"), To: q.Get("to"), Dir: q.Get("dir"), Limit: q.Get("limit"), Filter: q.Get("filter")})
 }
 
-func (a *API) roomContext(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomContext(r *http.Request, c matrixid.Caller) (any, error) {
 	v, err := pathVars(r, "roomId", "eventId")
 	if err != nil {
 		return nil, err
@@ -235,7 +235,7 @@ func (a *API) roomContext(r *http.Request, c keyserver.Caller) (any, error) {
 		Limit: q.Get("limit"), Filter: q.Get("filter")})
 }
 
-func (a *API) roomAliases(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) roomAliases(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -247,7 +247,7 @@ func (a *API) roomAliases(r *http.Request, c keyserver.Caller) (any, error) {
 	return map[string]any{"aliases": aliases}, nil
 }
 
-func (a *API) joinedRooms(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) joinedRooms(r *http.Request, c matrixid.Caller) (any, error) {
 	rooms, err := a.opts.Rooms.JoinedRooms(r.Context(), c.UserID)
 	if err != nil {
 		return nil, err
@@ -262,7 +262,7 @@ type membershipRequest struct {
 }
 
 func (a *API) join(param string) authedHandler {
-	return func(r *http.Request, c keyserver.Caller) (any, error) {
+	return func(r *http.Request, c matrixid.Caller) (any, error) {
 		target, err := pathVar(r, param)
 		if err != nil {
 			return nil, err
@@ -290,7 +290,7 @@ func (a *API) join(param string) authedHandler {
 
 // targeted serves invite, kick, ban and unban: the caller acts on user_id.
 func (a *API) targeted(act func(ctx context.Context, sender, roomID, target, reason string) error) authedHandler {
-	return func(r *http.Request, c keyserver.Caller) (any, error) {
+	return func(r *http.Request, c matrixid.Caller) (any, error) {
 		roomID, err := pathVar(r, "roomId")
 		if err != nil {
 			return nil, err
@@ -306,7 +306,7 @@ func (a *API) targeted(act func(ctx context.Context, sender, roomID, target, rea
 	}
 }
 
-func (a *API) leave(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) leave(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -318,7 +318,7 @@ func (a *API) leave(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.opts.Rooms.Leave(r.Context(), c.UserID, roomID, req.Reason)
 }
 
-func (a *API) forget(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) forget(r *http.Request, c matrixid.Caller) (any, error) {
 	roomID, err := pathVar(r, "roomId")
 	if err != nil {
 		return nil, err
@@ -326,7 +326,7 @@ func (a *API) forget(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.opts.Rooms.Forget(r.Context(), c.UserID, roomID)
 }
 
-func (a *API) putAlias(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) putAlias(r *http.Request, c matrixid.Caller) (any, error) {
 	alias, err := pathVar(r, "roomAlias")
 	if err != nil {
 		return nil, err
@@ -340,7 +340,7 @@ func (a *API) putAlias(r *http.Request, c keyserver.Caller) (any, error) {
 	return empty, a.opts.Rooms.PutAlias(r.Context(), c.UserID, alias, req.RoomID)
 }
 
-func (a *API) getAlias(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) getAlias(r *http.Request, c matrixid.Caller) (any, error) {
 	alias, err := pathVar(r, "roomAlias")
 	if err != nil {
 		return nil, err
@@ -348,7 +348,7 @@ func (a *API) getAlias(r *http.Request, c keyserver.Caller) (any, error) {
 	return a.opts.Rooms.ResolveAlias(r.Context(), alias)
 }
 
-func (a *API) deleteAlias(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) deleteAlias(r *http.Request, c matrixid.Caller) (any, error) {
 	alias, err := pathVar(r, "roomAlias")
 	if err != nil {
 		return nil, err

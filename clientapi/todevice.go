@@ -3,7 +3,7 @@ package clientapi
 import (
 	"net/http"
 
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/todevice"
 )
 
@@ -15,7 +15,7 @@ func (a *API) toDeviceRoutes(s prefixed) {
 	s.Handle("/sendToDevice/{eventType}/{txnId}", a.authed(a.sendToDevice)).Methods(http.MethodPut)
 }
 
-func (a *API) sendToDevice(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) sendToDevice(r *http.Request, c matrixid.Caller) (any, error) {
 	eventType, err := pathVar(r, "eventType")
 	if err != nil {
 		return nil, err

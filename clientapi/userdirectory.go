@@ -3,7 +3,7 @@ package clientapi
 import (
 	"net/http"
 
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/matrixid"
 )
 
 func (a *API) userDirectoryRoutes(s prefixed) {
@@ -13,7 +13,7 @@ func (a *API) userDirectoryRoutes(s prefixed) {
 	s.Handle("/user_directory/search", a.authed(a.searchUsers)).Methods(http.MethodPost)
 }
 
-func (a *API) searchUsers(r *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) searchUsers(r *http.Request, c matrixid.Caller) (any, error) {
 	var body struct {
 		SearchTerm string `json:"search_term"`
 		Limit      int    `json:"limit"`

@@ -3,7 +3,7 @@ package clientapi
 import (
 	"net/http"
 
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/matrixid"
 )
 
 // voipRoutes serve what clients ask at start for calls and bridges: the
@@ -11,12 +11,12 @@ import (
 // which this server bridges none ({}).
 func (a *API) voipRoutes(s prefixed) {
 	s.Handle("/voip/turnServer", a.authed(a.turnServer)).Methods(http.MethodGet)
-	s.Handle("/thirdparty/protocols", a.authed(func(*http.Request, keyserver.Caller) (any, error) {
+	s.Handle("/thirdparty/protocols", a.authed(func(*http.Request, matrixid.Caller) (any, error) {
 		return empty, nil
 	})).Methods(http.MethodGet)
 }
 
-func (a *API) turnServer(_ *http.Request, c keyserver.Caller) (any, error) {
+func (a *API) turnServer(_ *http.Request, c matrixid.Caller) (any, error) {
 	if ans := a.opts.TURN.For(c.UserID); ans != nil {
 		return ans, nil
 	}

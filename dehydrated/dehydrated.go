@@ -16,7 +16,6 @@ import (
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -28,21 +27,27 @@ type Store interface {
 	storage.Stream
 }
 
+// Keys are a device's keys as /keys/upload takes them.
+type Keys struct {
+	DeviceKeys, OneTimeKeys, FallbackKeys json.RawMessage
+}
+
 // KeyUploader checks and stores a device's keys as /keys/upload checks
-// them (keyserver.Service).
+// them (the keys domain, package keyserver).
 type KeyUploader interface {
-	// CheckNewDeviceUpload checks an upload for a device with no stored
+	// CheckNewDeviceKeys checks an upload for a device with no stored
 	// keys, writing nothing.
-	CheckNewDeviceUpload(ctx context.Context, c keyserver.Caller, r keyserver.UploadRequest) error
-	UploadKeys(ctx context.Context, c keyserver.Caller, r keyserver.UploadRequest) (keyserver.UploadResponse, error)
+	CheckNewDeviceKeys(ctx context.Context, c matrixid.Caller, k Keys) error
+	// UploadDeviceKeys stores the keys.
+	UploadDeviceKeys(ctx context.Context, c matrixid.Caller, k Keys) error
 }
 
 // Service serves a user's dehydrated device.
 type Service struct {
 	db   Store
 	keys KeyUploader
-	// changed is told of each committed device-list change (see
-	// keyserver.Service.DeviceListChanged).
+	// changed is told of each committed device-list change (the keys
+	// domain publishes it).
 	changed func(storage.Change)
 	now     func() time.Time
 }
@@ -89,9 +94,9 @@ func (s *Service) Put(ctx context.Context, userID string, r PutRequest) (DeviceA
 	if err != nil {
 		return DeviceAnswer{}, err
 	}
-	caller := keyserver.Caller{UserID: userID, DeviceID: r.DeviceID}
-	upload := keyserver.UploadRequest{DeviceKeys: r.DeviceKeys, OneTimeKeys: r.OneTimeKeys, FallbackKeys: r.FallbackKeys}
-	if err := s.keys.CheckNewDeviceUpload(ctx, caller, upload); err != nil {
+	caller := matrixid.Caller{UserID: userID, DeviceID: r.DeviceID}
+	upload := Keys{DeviceKeys: r.DeviceKeys, OneTimeKeys: r.OneTimeKeys, FallbackKeys: r.FallbackKeys}
+	if err := s.keys.CheckNewDeviceKeys(ctx, caller, upload); err != nil {
 		return DeviceAnswer{}, err
 	}
 	name := ""
@@ -106,7 +111,7 @@ func (s *Service) Put(ctx context.Context, userID string, r PutRequest) (DeviceA
 		return DeviceAnswer{}, err
 	}
 	s.changed(ch)
-	if _, err := s.keys.UploadKeys(ctx, caller, upload); err != nil {
+	if err := s.keys.UploadDeviceKeys(ctx, caller, upload); err != nil {
 		// The keys were checked above, so this is a failure of the store:
 		// the new device goes again. (A previous dehydrated device of the
 		// same ID was replaced by CreateDehydratedDevice and stays gone.)
@@ -172,8 +177,15 @@ const maxEventsPerBatch = 100
 
 // EventsAnswer is the answer to the dehydrated device's /events.
 type EventsAnswer struct {
-	Events    []keyserver.ToDeviceEvent `json:"events"`
-	NextBatch string                    `json:"next_batch,omitempty"`
+	Events    []Event `json:"events"`
+	NextBatch string  `json:"next_batch,omitempty"`
+}
+
+// Event is a to-device message as the device reads it.
+type Event struct {
+	Sender  string          `json:"sender"`
+	Type    string          `json:"type"`
+	Content json.RawMessage `json:"content"`
 }
 
 // Events returns the dehydrated device's to-device messages after
@@ -207,9 +219,9 @@ func (s *Service) Events(ctx context.Context, userID, deviceID, nextBatch string
 	if err != nil {
 		return EventsAnswer{}, err
 	}
-	out := EventsAnswer{Events: make([]keyserver.ToDeviceEvent, 0, len(msgs))}
+	out := EventsAnswer{Events: make([]Event, 0, len(msgs))}
 	for _, m := range msgs {
-		out.Events = append(out.Events, keyserver.ToDeviceEvent{Sender: m.Sender, Type: m.Type, Content: m.Content})
+		out.Events = append(out.Events, Event{Sender: m.Sender, Type: m.Type, Content: m.Content})
 	}
 	if len(msgs) > 0 {
 		out.NextBatch = strconv.FormatInt(int64(msgs[len(msgs)-1].Pos), 10)

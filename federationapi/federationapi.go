@@ -1,7 +1,8 @@
 // Package federationapi is the HTTP face of the server-server API: it
 // publishes the server's signing keys, authenticates other servers'
 // requests from their X-Matrix signatures, and answers them by calling
-// package keyserver.
+// the domains (keys, rooms, profiles, ...) and the router of transactions
+// (package fedrouter).
 package federationapi
 
 import (
@@ -26,7 +27,6 @@ import (
 	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
-	"github.com/keyserver/keyserver/keyserver"
 )
 
 // Version is reported by /_matrix/federation/v1/version.
@@ -70,12 +70,13 @@ type OldVerifyKey struct {
 }
 
 type api struct {
-	ks   *keyserver.Service
+	ks   Keys
+	txns Transactions
 	opts Options
 }
 
 // NewHandler returns the federation API's HTTP handler.
-func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
+func NewHandler(ks Keys, txns Transactions, opts Options) http.Handler {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -88,7 +89,7 @@ func NewHandler(ks *keyserver.Service, opts Options) http.Handler {
 	if opts.OnAuthenticated == nil {
 		opts.OnAuthenticated = func(string) {}
 	}
-	a := &api{ks: ks, opts: opts}
+	a := &api{ks: ks, txns: txns, opts: opts}
 	r := mux.NewRouter()
 	r.UseEncodedPath()
 	r.NotFoundHandler = httpx.NotFoundHandler()
@@ -199,7 +200,7 @@ func (a *api) send(r request) (any, error) {
 	if err := httpx.Decode(r.content, &shape, false); err != nil {
 		return nil, err
 	}
-	return a.ks.HandleTransaction(r.Context(), r.origin, txnID, r.content)
+	return a.txns.HandleTransaction(r.Context(), r.origin, txnID, r.content)
 }
 
 func (a *api) userDevices(r request) (any, error) {

@@ -369,7 +369,7 @@ func TestLocalToolChangesReachRemoteServers(t *testing.T) {
 		a.Join(t, roomID, w.user) // a third server, to see the EDUs themselves
 		firstFetch(t, b, bob, alice.UserID)
 		queuesDrained(t, a, b) // A told of bob's devices by his join
-		eventually(t, "B's updater idle", func() bool { return b.Service.Updater().InFlight() == 0 })
+		eventually(t, "B's updater idle", func() bool { return b.Updater.InFlight() == 0 })
 		fetches := a.Requests.Count("GET", devicesPath)
 
 		uploads := []map[string]any{

@@ -36,7 +36,7 @@ func newPair(t *testing.T, db testutil.Database) *pair {
 	firstFetch(t, p.a, p.alice, p.bob.UserID)
 	queuesDrained(t, p.a, p.b)
 	eventually(t, "the updaters idle", func() bool {
-		return p.a.Service.Updater().InFlight() == 0 && p.b.Service.Updater().InFlight() == 0
+		return p.a.Updater.InFlight() == 0 && p.b.Updater.InFlight() == 0
 	})
 	if !sameSet(deviceIDs(t, p.b, p.bob, p.alice.UserID), "ALICE1") || !sameSet(deviceIDs(t, p.a, p.alice, p.bob.UserID), "BOB1") {
 		t.Fatal("the first resyncs did not fetch the devices")

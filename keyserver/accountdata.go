@@ -75,9 +75,3 @@ func (s *Service) accountDataNews(d storage.SyncData) bool {
 	}
 	return false
 }
-
-// StreamAdvanced tells this daemon's waiting /sync requests of a change
-// committed by another package (account data; Pos 0: none), those of the
-// users it concerns. Other daemons sharing the database hear of it from
-// the database.
-func (s *Service) StreamAdvanced(ch storage.Change) { s.streamAdvanced(ch) }

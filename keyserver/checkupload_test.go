@@ -12,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/internal/testvectors"
@@ -131,7 +132,7 @@ func TestCheckNewDeviceUploadMatchesUploadKeys(t *testing.T) {
 		for _, lax := range []bool{false, true} {
 			log := logrus.New()
 			log.SetOutput(io.Discard)
-			svc := keyserver.New(store, keyserver.Options{ServerName: "127.0.0.1:18401", BcryptCost: 4, Logger: log,
+			svc := keyserver.New(store, keyserver.Options{ServerName: "127.0.0.1:18401", Logger: log,
 				MaxOneTimeKeys: maxOTKs, LaxKeyValidation: lax})
 			for i, c := range cases {
 				t.Run(fmt.Sprintf("lax=%v/%s", lax, c.name), func(t *testing.T) {
@@ -141,7 +142,7 @@ func TestCheckNewDeviceUploadMatchesUploadKeys(t *testing.T) {
 					if err := json.Unmarshal(js, &r); err != nil {
 						t.Fatal(err)
 					}
-					caller := keyserver.Caller{UserID: u.userID, DeviceID: u.deviceID}
+					caller := matrixid.Caller{UserID: u.userID, DeviceID: u.deviceID}
 					// The device does not exist yet: the check reads none.
 					checked := svc.CheckNewDeviceUpload(ctx, caller, r)
 					if want := c.strictOK || lax && c.laxOK; (checked == nil) != want {

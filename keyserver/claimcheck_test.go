@@ -24,7 +24,7 @@ func TestBadClaimedKeyIsLogged(t *testing.T) {
 		ctx := context.Background()
 		db := openTestDB(t, tdb)
 		log, hook := logtest.NewNullLogger()
-		svc := New(db, Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+		svc := New(db, Options{ServerName: "local.test", Logger: log})
 		const carol, server = "@carol:remote.test", "remote.test"
 		_, priv, _ := ed25519.GenerateKey(rand.Reader)
 		sign := func(obj map[string]any) json.RawMessage {

@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/keyserver/keyserver/crosssigning"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -19,10 +20,10 @@ import (
 
 // SigningKeysUpload is POST /keys/device_signing/upload.
 type SigningKeysUpload struct {
-	MasterKey      json.RawMessage `json:"master_key"`
-	SelfSigningKey json.RawMessage `json:"self_signing_key"`
-	UserSigningKey json.RawMessage `json:"user_signing_key"`
-	Auth           *AuthData       `json:"auth"`
+	MasterKey      json.RawMessage    `json:"master_key"`
+	SelfSigningKey json.RawMessage    `json:"self_signing_key"`
+	UserSigningKey json.RawMessage    `json:"user_signing_key"`
+	Auth           *matrixid.AuthData `json:"auth"`
 }
 
 // signingSlots are the fields of an upload with their usages.
@@ -60,7 +61,7 @@ var errSigningKeysMoved = errors.New("cross-signing keys changed during the uplo
 // again (which changes nothing); any other change does, through
 // user-interactive auth bound to the keys sent, or started by an upload
 // without keys (MSC3967's probe, answered 200 before the first master key).
-func (s *Service) UploadSigningKeys(ctx context.Context, c Caller, r SigningKeysUpload) error {
+func (s *Service) UploadSigningKeys(ctx context.Context, c matrixid.Caller, r SigningKeysUpload) error {
 	for attempt := 0; ; attempt++ {
 		err := s.uploadSigningKeysOnce(ctx, c, r)
 		if errors.Is(err, errSigningKeysMoved) && attempt < 2 {
@@ -73,7 +74,7 @@ func (s *Service) UploadSigningKeys(ctx context.Context, c Caller, r SigningKeys
 	}
 }
 
-func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r SigningKeysUpload) error {
+func (s *Service) uploadSigningKeysOnce(ctx context.Context, c matrixid.Caller, r SigningKeysUpload) error {
 	sent := map[string]*crosssigning.Key{}
 	for _, slot := range signingSlots {
 		raw := r.raw(slot.usage)
@@ -100,7 +101,7 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 		if storedMaster == nil {
 			return nil
 		}
-		return s.userInteractive(ctx, stagePassword, signingKeysProbe(c.UserID), r.Auth, s.passwordStage(ctx, c))
+		return s.confirmPassword(ctx, c, signingKeysProbe(c.UserID), r.Auth)
 	}
 	master := sent[storage.UsageMaster]
 	if master == nil {
@@ -147,9 +148,9 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 			params[usage] = string(k.Canonical)
 		}
 		probe := signingKeysProbe(c.UserID)
-		req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: params,
+		req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: params,
 			AlsoFrom: &probe}
-		if err := s.userInteractive(ctx, stagePassword, req, r.Auth, s.passwordStage(ctx, c)); err != nil {
+		if err := s.confirmPassword(ctx, c, req, r.Auth); err != nil {
 			return err
 		}
 	}
@@ -177,8 +178,8 @@ func (s *Service) uploadSigningKeysOnce(ctx context.Context, c Caller, r Signing
 
 // signingKeysProbe is an upload of cross-signing keys without keys: its
 // session may complete the change of keys that follows.
-func signingKeysProbe(userID string) uiaRequest {
-	return uiaRequest{UserID: userID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: "no keys sent"}
+func signingKeysProbe(userID string) matrixid.AuthRequest {
+	return matrixid.AuthRequest{UserID: userID, Method: http.MethodPost, Path: "/keys/device_signing/upload", Params: "no keys sent"}
 }
 
 // SignaturesUploadResponse is the answer to POST /keys/signatures/upload.
@@ -198,7 +199,7 @@ type SignatureFailure struct {
 // others fail; each failure is reported under its user and key ID. Users
 // of other servers are signed through their master key as cached here;
 // such a signature stays here, shown to its signer only.
-func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[string]map[string]json.RawMessage) (SignaturesUploadResponse, error) {
+func (s *Service) UploadSignatures(ctx context.Context, c matrixid.Caller, body map[string]map[string]json.RawMessage) (SignaturesUploadResponse, error) {
 	res := SignaturesUploadResponse{Failures: map[string]map[string]SignatureFailure{}}
 	fail := func(user, keyID string, err error) error {
 		var me *mxerr.Error
@@ -218,7 +219,7 @@ func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[strin
 	sort.Strings(users)
 	var local []string
 	for _, u := range users {
-		if server, ok := ParseUserID(u); ok && s.isLocal(server) {
+		if server, ok := matrixid.ParseUserID(u); ok && s.isLocal(server) {
 			local = append(local, u)
 		}
 	}
@@ -252,7 +253,7 @@ func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[strin
 	// client has fetched before it signs.
 	var remote []string
 	for _, u := range users {
-		if server, ok := ParseUserID(u); ok && !s.isLocal(server) {
+		if server, ok := matrixid.ParseUserID(u); ok && !s.isLocal(server) {
 			remote = append(remote, u)
 		}
 	}
@@ -268,7 +269,7 @@ func (s *Service) UploadSignatures(ctx context.Context, c Caller, body map[strin
 			ids = append(ids, id)
 		}
 		sort.Strings(ids)
-		server, valid := ParseUserID(u)
+		server, valid := matrixid.ParseUserID(u)
 		for _, id := range ids {
 			var t crosssigning.Target
 			found := false

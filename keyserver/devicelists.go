@@ -20,7 +20,7 @@ type ChangesResponse struct {
 
 // KeyChanges answers /keys/changes: whose device lists changed between two
 // tokens, among the users the caller shares a room with.
-func (s *Service) KeyChanges(ctx context.Context, c Caller, from, to string) (ChangesResponse, error) {
+func (s *Service) KeyChanges(ctx context.Context, c matrixid.Caller, from, to string) (ChangesResponse, error) {
 	if from == "" {
 		return ChangesResponse{}, mxerr.MissingParam("from is required")
 	}
@@ -72,7 +72,7 @@ type SyncResponse struct {
 // when something was written. Each read is one statement (SyncData),
 // which has every part of the answer but the rooms' timelines: a woken
 // request that has news answers with what it read.
-func (s *Service) Sync(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
+func (s *Service) Sync(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o SyncOptions) (SyncResponse, error) {
 	p, err := s.syncBegin(ctx, c, since, timeout, o)
 	if err != nil {
 		return SyncResponse{}, err
@@ -93,7 +93,7 @@ type syncParams struct {
 
 // syncBegin checks a /sync request and acknowledges the to-device
 // messages its token says the device has.
-func (s *Service) syncBegin(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions) (syncParams, error) {
+func (s *Service) syncBegin(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o SyncOptions) (syncParams, error) {
 	var p syncParams
 	var err error
 	if p.filter, err = s.syncFilter(ctx, c.UserID, o); err != nil {
@@ -128,7 +128,7 @@ func (s *Service) syncBegin(ctx context.Context, c Caller, since string, timeout
 // parameters of the answer and its subscription.
 type SyncWaiter struct {
 	s               *Service
-	c               Caller
+	c               matrixid.Caller
 	o               SyncOptions
 	sincePos, acked storage.StreamPos
 	filter          roomserver.Filter
@@ -139,7 +139,7 @@ type SyncWaiter struct {
 // would wait for news (it has since and a timeout, and there is nothing
 // yet) it returns a SyncWaiter, subscribed before the stream was read so
 // that no change is missed; otherwise the answer.
-func (s *Service) SyncOrWait(ctx context.Context, c Caller, since string, timeout time.Duration, o SyncOptions, wake func(syncnotify.Event)) (SyncResponse, *SyncWaiter, error) {
+func (s *Service) SyncOrWait(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o SyncOptions, wake func(syncnotify.Event)) (SyncResponse, *SyncWaiter, error) {
 	p, err := s.syncBegin(ctx, c, since, timeout, o)
 	if err != nil {
 		return SyncResponse{}, nil, err
@@ -177,7 +177,7 @@ func (w *SyncWaiter) Close() { w.sub.Close() }
 // of the wait. It is kept apart from Sync, and reads into values it drops
 // before waiting, so that what a waiting request holds is small: its
 // subscription, its timer and the parameters of the answer.
-func (s *Service) syncWait(ctx context.Context, c Caller, sincePos, acked storage.StreamPos, timeout time.Duration, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncWait(ctx context.Context, c matrixid.Caller, sincePos, acked storage.StreamPos, timeout time.Duration, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
 	sub := s.notifier.Subscribe(c.UserID)
 	defer sub.Close()
 	timer := time.NewTimer(timeout)
@@ -201,7 +201,7 @@ func (s *Service) syncWait(ctx context.Context, c Caller, sincePos, acked storag
 }
 
 // syncAnswer reads the stream once and answers with what it holds.
-func (s *Service) syncAnswer(ctx context.Context, c Caller, incremental bool, sincePos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental bool, sincePos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
 	res, _, err := s.syncRead(ctx, c, incremental, false, &sincePos, acked, o, f)
 	return res, err
 }
@@ -211,7 +211,7 @@ func (s *Service) syncAnswer(ctx context.Context, c Caller, incremental bool, si
 // changes, room events, or to-device messages. With onlyNews the answer
 // is built only when there is news (the request waits on otherwise).
 // A since beyond the stream's position is moved back to it.
-func (s *Service) syncRead(ctx context.Context, c Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
+func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
 	d, err := s.db.SyncData(ctx, storage.SyncQuery{UserID: c.UserID, DeviceID: c.DeviceID, Since: *sincePos,
 		ToDeviceAfter: acked, ToDeviceLimit: maxToDevicePerSync})
 	if err != nil {
@@ -237,7 +237,7 @@ func (s *Service) syncRead(ctx context.Context, c Caller, incremental, onlyNews 
 // syncResponse answers with what d holds: the changes in (from, d.Pos];
 // from 0 (no since): the whole state; and the device's to-device
 // messages.
-func (s *Service) syncResponse(ctx context.Context, c Caller, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
 	toDevice, delivered := s.toDeviceSection(d.Pos, d.ToDevice)
 	res := SyncResponse{
 		NextBatch:                    s.syncToken(d.Pos, delivered),
@@ -261,7 +261,7 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 	if !matrixid.ValidRoomID(roomID) {
 		return mxerr.InvalidParam("%q is not a valid room ID", roomID)
 	}
-	if _, ok := ParseUserID(userID); !ok {
+	if _, ok := matrixid.ParseUserID(userID); !ok {
 		return mxerr.InvalidParam("%q is not a valid user ID", userID)
 	}
 	if membership != storage.MembershipJoin && membership != storage.MembershipLeave {
@@ -276,19 +276,6 @@ func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership 
 		s.sender.Poke()
 	}
 	return nil
-}
-
-// RoomWritten follows a committed write of room events (package
-// roomserver): membership events in it changed who shares a room with
-// whom in the same transaction. The waiting /sync requests of the local
-// users concerned wake, remote lists cached while untracked are fetched
-// again, and the events and device-list updates queued for other servers
-// are sent.
-func (s *Service) RoomWritten(res storage.RoomWriteResult) {
-	s.membershipChanged(res.Change, res.NewlyStale)
-	if (res.PDUsQueued || res.DeviceUpdatesQueued) && s.sender != nil {
-		s.sender.Poke()
-	}
 }
 
 func (s *Service) membershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {

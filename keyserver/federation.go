@@ -6,6 +6,7 @@ import (
 
 	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -27,7 +28,7 @@ func (s *Service) FederationQueryKeys(ctx context.Context, users map[string][]st
 	}
 	local := map[string][]string{}
 	for u, devices := range users {
-		if server, ok := ParseUserID(u); ok && s.isLocal(server) {
+		if server, ok := matrixid.ParseUserID(u); ok && s.isLocal(server) {
 			local[u] = devices
 		}
 	}
@@ -49,7 +50,7 @@ func (s *Service) FederationClaimKeys(ctx context.Context, req map[string]map[st
 	}
 	var reqs []storage.ClaimRequest
 	for u, devices := range req {
-		if server, ok := ParseUserID(u); !ok || !s.isLocal(server) {
+		if server, ok := matrixid.ParseUserID(u); !ok || !s.isLocal(server) {
 			continue
 		}
 		for deviceID, alg := range devices {
@@ -75,7 +76,7 @@ func (s *Service) FederationClaimKeys(ctx context.Context, req map[string]map[st
 // devices that have keys, and the stream_id that later device-list updates
 // continue from.
 func (s *Service) FederationUserDevices(ctx context.Context, userID string) (fedclient.UserDevices, error) {
-	server, ok := ParseUserID(userID)
+	server, ok := matrixid.ParseUserID(userID)
 	if !ok {
 		return fedclient.UserDevices{}, mxerr.InvalidParam("%q is not a valid user ID", userID)
 	}

@@ -8,7 +8,9 @@ import (
 
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/testdb"
+	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/userapi"
 )
 
 func encodeB64(b []byte) string { return base64.RawStdEncoding.EncodeToString(b) }
@@ -34,4 +36,19 @@ func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// testUsers are accounts on the service's database whose device and
+// membership changes reach the service as the server's change fan-out
+// passes them on.
+func testUsers(s *Service) *userapi.Service {
+	return userapi.New(s.db, userapi.Options{ServerName: s.opts.ServerName, BcryptCost: 4, Logger: s.log, Changes: changesTo{s}})
+}
+
+type changesTo struct{ s *Service }
+
+func (c changesTo) DeviceListChanged(ch storage.Change) { c.s.localChange(ch) }
+
+func (c changesTo) MembershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {
+	c.s.membershipChanged(ch, newlyStale)
 }

@@ -4,131 +4,30 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
-	"time"
 
-	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/fedclient"
-	"github.com/keyserver/keyserver/internal/metrics"
-	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
 
-// Receiving other servers' transactions (PUT /send/{txnId}).
+// The device-list and signing-key EDUs of other servers' transactions
+// (package fedrouter routes them here).
 //
-// Only m.device_list_update, m.signing_key_update and m.direct_to_device
-// EDUs are acted on (the last by Options.DirectToDevice).
-// A device-list update is checked (its user
-// must belong to the sending server and share a room with one of ours, its
-// keys must pass checkRemoteDeviceKeys: they are kept as sent, unverified) and
-// applied to the cached list in one transaction that also checks its
-// prev_ids; a gap marks the user stale, persisted before anything else, and
-// the user is resynced. The transaction is answered only once what it
+// A device-list update is checked (its user must belong to the sending
+// server and share a room with one of ours, its keys must pass
+// checkRemoteDeviceKeys: they are kept as sent, unverified) and applied to
+// the cached list in one transaction that also checks its prev_ids; a gap
+// marks the user stale, persisted before anything else, and the user is
+// resynced (ResyncWithin). The transaction is answered only once what it
 // carries is in the database, and so visible to /keys/query on any daemon
 // sharing it, or once SendWait has passed: a resync that cannot finish in
 // time leaves the user stale for the updater to retry.
 
-// DirectToDeviceReceiver takes the m.direct_to_device EDUs of a
-// transaction (package todevice). An error fails the transaction, which
-// the origin then sends again; a bad EDU is dropped without one.
-type DirectToDeviceReceiver interface {
-	ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error
-}
-
-// PDUReceiver takes the PDUs of a transaction (package roomserver) and
-// returns each one's error by event ID, "" for one accepted.
-type PDUReceiver interface {
-	ReceivePDUs(ctx context.Context, origin string, pdus []json.RawMessage) map[string]string
-}
-
-// SetPDUReceiver gives transactions' PDUs to the rooms. Rooms are made
-// after the service, so this comes before serving starts.
-func (s *Service) SetPDUReceiver(r PDUReceiver) { s.pdus = r }
-
-type transaction struct {
-	Origin string            `json:"origin"`
-	PDUs   []json.RawMessage `json:"pdus"`
-	EDUs   []struct {
-		Type    string          `json:"edu_type"`
-		Content json.RawMessage `json:"content"`
-	} `json:"edus"`
-}
-
-// HandleTransaction processes a transaction from origin (authenticated)
-// and returns the answer. A transaction already processed gets the same
-// answer again without being processed twice.
-func (s *Service) HandleTransaction(ctx context.Context, origin, txnID string, body []byte) (json.RawMessage, error) {
-	if stored, ok, err := s.db.InboundTransaction(ctx, origin, txnID); err != nil || ok {
-		return stored, err
-	}
-	start := time.Now()
-	defer func() { metrics.SendWait.Observe(time.Since(start).Seconds()) }()
-	var t transaction
-	if err := json.Unmarshal(body, &t); err != nil {
-		return nil, mxerr.BadJSON("transaction has the wrong shape: %v", err)
-	}
-	if len(t.PDUs) > fedclient.MaxPDUsPerTransaction || len(t.EDUs) > fedclient.MaxEDUsPerTransaction {
-		return nil, mxerr.BadJSON("a transaction carries at most %d PDUs and %d EDUs", fedclient.MaxPDUsPerTransaction, fedclient.MaxEDUsPerTransaction)
-	}
-	log := s.logger(ctx).WithFields(logrus.Fields{"origin": origin, "txn_id": txnID})
-	// PDUs first: a membership they bring decides whether the device-list
-	// updates of the same transaction concern anyone here.
-	var pdus map[string]any
-	if s.pdus != nil && len(t.PDUs) > 0 {
-		pdus = map[string]any{}
-		for id, msg := range s.pdus.ReceivePDUs(ctx, origin, t.PDUs) {
-			if msg == "" {
-				pdus[id] = map[string]any{}
-			} else {
-				pdus[id] = map[string]string{"error": msg}
-			}
-		}
-	} else {
-		pdus = pduResults(t.PDUs)
-	}
-	// A body origin that differs from the authenticated one is ignored.
-	resync := map[string]bool{}
-	for _, e := range t.EDUs {
-		if e.Type == "m.signing_key_update" {
-			if err := s.signingKeyUpdate(ctx, origin, e.Content); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if e.Type == "m.direct_to_device" && s.opts.DirectToDevice != nil {
-			if err := s.opts.DirectToDevice.ReceiveDirectToDevice(ctx, origin, e.Content); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if e.Type != "m.device_list_update" {
-			continue // other EDU types are not ours to handle
-		}
-		user, err := s.deviceListUpdate(ctx, origin, e.Content)
-		if err != nil {
-			return nil, err
-		}
-		if user != "" {
-			resync[user] = true
-		}
-	}
-	s.resyncWithin(ctx, origin, resync, log)
-
-	answer, err := json.Marshal(map[string]any{"pdus": pdus})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.db.StoreInboundTransaction(ctx, origin, txnID, answer, s.nowMS()); err != nil {
-		return nil, err
-	}
-	return answer, nil
-}
-
-// deviceListUpdate handles one m.device_list_update; it returns the user
-// when a resync is needed. Updates that are malformed, about users of
+// DeviceListUpdate handles one m.device_list_update from origin
+// (authenticated); it returns the user when a resync is needed. Updates that are malformed, about users of
 // another server or about users nobody here shares a room with are dropped.
-func (s *Service) deviceListUpdate(ctx context.Context, origin string, content json.RawMessage) (string, error) {
+func (s *Service) DeviceListUpdate(ctx context.Context, origin string, content json.RawMessage) (string, error) {
 	var c struct {
 		UserID      string          `json:"user_id"`
 		DeviceID    string          `json:"device_id"`
@@ -147,7 +46,7 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 	// grammar allowed) are accepted, as the spec requires of IDs other
 	// servers made: dropping their updates would leave their lists stale
 	// while /keys/query and the admin API accept the same users.
-	if server, ok := ParseUserID(c.UserID); !ok || server != origin {
+	if server, ok := matrixid.ParseUserID(c.UserID); !ok || server != origin {
 		log.WithField("user_id", c.UserID).Debug("dropped an m.device_list_update for a user not on its origin")
 		return "", nil
 	}
@@ -183,12 +82,12 @@ func (s *Service) deviceListUpdate(ctx context.Context, origin string, content j
 	return "", nil
 }
 
-// signingKeyUpdate handles one m.signing_key_update: a remote user's new
+// SigningKeyUpdate handles one m.signing_key_update from origin: a remote user's new
 // master and/or self-signing key, checked as a fetched list's keys are,
 // replaces the cached one, a change for local users sharing a room with
 // the user. Updates that are malformed, about users of another server or
 // about users whose list is not cached are dropped.
-func (s *Service) signingKeyUpdate(ctx context.Context, origin string, content json.RawMessage) error {
+func (s *Service) SigningKeyUpdate(ctx context.Context, origin string, content json.RawMessage) error {
 	var c struct {
 		UserID         string          `json:"user_id"`
 		MasterKey      json.RawMessage `json:"master_key"`
@@ -199,7 +98,7 @@ func (s *Service) signingKeyUpdate(ctx context.Context, origin string, content j
 		log.WithField("content", string(content)).Debug("dropped a malformed m.signing_key_update")
 		return nil
 	}
-	if server, ok := ParseUserID(c.UserID); !ok || server != origin {
+	if server, ok := matrixid.ParseUserID(c.UserID); !ok || server != origin {
 		log.WithField("user_id", c.UserID).Debug("dropped an m.signing_key_update for a user not on its origin")
 		return nil
 	}
@@ -224,12 +123,14 @@ func (s *Service) signingKeyUpdate(ctx context.Context, origin string, content j
 	return nil
 }
 
-// resyncWithin resyncs users (already marked stale) concurrently, waiting
-// at most SendWait; what does not finish stays stale for the updater.
-func (s *Service) resyncWithin(ctx context.Context, server string, users map[string]bool, log logrus.FieldLogger) {
+// ResyncWithin resyncs users of server (already marked stale by
+// DeviceListUpdate) concurrently, waiting at most SendWait; what does not
+// finish stays stale for the updater.
+func (s *Service) ResyncWithin(ctx context.Context, server string, users map[string]bool) {
 	if len(users) == 0 {
 		return
 	}
+	log := s.logger(ctx).WithField("origin", server)
 	ctx, cancel := context.WithTimeout(ctx, s.opts.SendWait)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -251,26 +152,4 @@ func (s *Service) resyncWithin(ctx context.Context, server string, users map[str
 	if failed && s.updater != nil {
 		s.updater.Wake()
 	}
-}
-
-// pduResults reports every PDU as not processed, without rooms. Event IDs are computed as for current room versions (the only
-// way to name them); a PDU that cannot be parsed is left out.
-func pduResults(pdus []json.RawMessage) map[string]any {
-	out := map[string]any{}
-	verImpl := gomatrixserverlib.MustGetRoomVersion(gomatrixserverlib.RoomVersionV10)
-	for _, raw := range pdus {
-		var withID struct {
-			EventID string `json:"event_id"`
-		}
-		id := ""
-		if json.Unmarshal(raw, &withID) == nil && withID.EventID != "" {
-			id = withID.EventID
-		} else if ev, err := verImpl.NewEventFromUntrustedJSON(raw); err == nil {
-			id = ev.EventID()
-		}
-		if id != "" {
-			out[id] = map[string]string{"error": "this server does not process room events"}
-		}
-	}
-	return out
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/keyserver/keyserver/crosssigning"
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
@@ -103,7 +104,7 @@ type parsedUpload struct {
 // curve25519 values well formed, and signed one-time and fallback keys
 // signed by the device; with Options.LaxKeyValidation only the shapes are
 // checked (see docs/operator.md).
-func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (UploadResponse, error) {
+func (s *Service) UploadKeys(ctx context.Context, c matrixid.Caller, r UploadRequest) (UploadResponse, error) {
 	p, err := s.parseUpload(c, r)
 	if err != nil {
 		return UploadResponse{}, err
@@ -135,7 +136,7 @@ func (s *Service) UploadKeys(ctx context.Context, c Caller, r UploadRequest) (Up
 // for that device once it exists, and one it refuses is refused with the
 // same error. Unlike /keys/upload, device keys are required. It lets a
 // caller refuse bad keys before it makes the device.
-func (s *Service) CheckNewDeviceUpload(ctx context.Context, c Caller, r UploadRequest) error {
+func (s *Service) CheckNewDeviceUpload(ctx context.Context, c matrixid.Caller, r UploadRequest) error {
 	p, err := s.parseUpload(c, r)
 	if err != nil {
 		return err
@@ -153,7 +154,7 @@ func (s *Service) CheckNewDeviceUpload(ctx context.Context, c Caller, r UploadRe
 }
 
 // parseUpload makes the checks of an upload that need no stored state.
-func (s *Service) parseUpload(c Caller, r UploadRequest) (parsedUpload, error) {
+func (s *Service) parseUpload(c matrixid.Caller, r UploadRequest) (parsedUpload, error) {
 	strict := !s.opts.LaxKeyValidation
 	var p parsedUpload
 	if t := bytes.TrimSpace(r.DeviceKeys); len(t) > 0 && string(t) != "null" {
@@ -209,7 +210,7 @@ type checkedKey struct {
 // attempt reads them from the device cache the queries share; should that
 // copy be stale, the write transaction notices (errDeviceKeysMoved) and the
 // retry reads the database.
-func (s *Service) storedDeviceKeys(ctx context.Context, c Caller, attempt int) ([]byte, error) {
+func (s *Service) storedDeviceKeys(ctx context.Context, c matrixid.Caller, attempt int) ([]byte, error) {
 	if attempt == 0 {
 		devs, err := s.db.DevicesWithKeys(ctx, []string{c.UserID})
 		if err != nil {
@@ -225,7 +226,7 @@ func (s *Service) storedDeviceKeys(ctx context.Context, c Caller, attempt int) (
 	return dev.KeyJSON, err
 }
 
-func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, p parsedUpload) (storage.UploadResult, error) {
+func (s *Service) uploadOnce(ctx context.Context, c matrixid.Caller, attempt int, p parsedUpload) (storage.UploadResult, error) {
 	storedKeys, err := s.storedDeviceKeys(ctx, c, attempt)
 	if err != nil {
 		return storage.UploadResult{}, err
@@ -269,7 +270,7 @@ func (s *Service) uploadOnce(ctx context.Context, c Caller, attempt int, p parse
 // checkSignedKeys checks an upload's one-time and fallback keys: signed by
 // the device's ed25519 key ("" when it has none) when strict, their shape
 // only when lax. It returns them with the JSON to store.
-func (s *Service) checkSignedKeys(c Caller, ed25519Key string, p parsedUpload) (otks, fallbacks []checkedKey, err error) {
+func (s *Service) checkSignedKeys(c matrixid.Caller, ed25519Key string, p parsedUpload) (otks, fallbacks []checkedKey, err error) {
 	identity := newIdentityKey(ed25519Key)
 	check := func(field string, keys []keyUpload) ([]checkedKey, error) {
 		out := make([]checkedKey, 0, len(keys))
@@ -493,7 +494,7 @@ func appendString(b []byte, s string) []byte {
 // database query however many users and devices are named; remote users
 // from the cache of their device list or, when that is missing or stale,
 // from their servers, all asked at once within the request's timeout.
-func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (QueryResponse, error) {
+func (s *Service) QueryKeys(ctx context.Context, c matrixid.Caller, r QueryRequest) (QueryResponse, error) {
 	res := QueryResponse{
 		DeviceKeys:      map[string]map[string]json.RawMessage{},
 		Failures:        map[string]any{},
@@ -507,7 +508,7 @@ func (s *Service) QueryKeys(ctx context.Context, c Caller, r QueryRequest) (Quer
 	local := map[string][]string{}
 	remote := map[string]map[string][]string{} // server -> user -> devices
 	for userID, devices := range r.DeviceKeys {
-		server, ok := ParseUserID(userID)
+		server, ok := matrixid.ParseUserID(userID)
 		if !ok {
 			return res, mxerr.InvalidParam("%q is not a valid user ID", userID)
 		}
@@ -754,7 +755,7 @@ type ClaimResponse struct {
 // ClaimKeys hands out one key per named device: its oldest unclaimed
 // one-time key of the algorithm, or its fallback key when none is left.
 // Devices with neither are left out.
-func (s *Service) ClaimKeys(ctx context.Context, c Caller, r ClaimRequest) (ClaimResponse, error) {
+func (s *Service) ClaimKeys(ctx context.Context, c matrixid.Caller, r ClaimRequest) (ClaimResponse, error) {
 	res := ClaimResponse{
 		OneTimeKeys: map[string]map[string]map[string]json.RawMessage{},
 		Failures:    map[string]any{},
@@ -765,7 +766,7 @@ func (s *Service) ClaimKeys(ctx context.Context, c Caller, r ClaimRequest) (Clai
 	var reqs []storage.ClaimRequest
 	remote := map[string]map[string]map[string]string{} // server -> user -> device -> algorithm
 	for userID, devices := range r.OneTimeKeys {
-		server, ok := ParseUserID(userID)
+		server, ok := matrixid.ParseUserID(userID)
 		if !ok {
 			return res, mxerr.InvalidParam("%q is not a valid user ID", userID)
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
@@ -47,7 +48,7 @@ func TestQueryAnswersAreBuiltOncePerChange(t *testing.T) {
 
 		query := func(viewer string) keyserver.QueryResponse {
 			t.Helper()
-			res, err := svc.QueryKeys(ctx, keyserver.Caller{UserID: viewer}, keyserver.QueryRequest{DeviceKeys: map[string][]string{alice: nil}})
+			res, err := svc.QueryKeys(ctx, matrixid.Caller{UserID: viewer}, keyserver.QueryRequest{DeviceKeys: map[string][]string{alice: nil}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
@@ -49,7 +50,7 @@ func TestLocalQueryIsOneRoundTrip(t *testing.T) {
 				req[u] = []string{}
 			}
 			before := store.StatementsSent()
-			res, err := svc.QueryKeys(ctx, keyserver.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
+			res, err := svc.QueryKeys(ctx, matrixid.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +107,7 @@ func TestLocalQueryWithCrossSigningIsOneRoundTrip(t *testing.T) {
 			}
 		}
 		before := store.StatementsSent()
-		res, err := svc.QueryKeys(ctx, keyserver.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
+		res, err := svc.QueryKeys(ctx, matrixid.Caller{UserID: "@u0:local.test"}, keyserver.QueryRequest{DeviceKeys: req})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/fedclient"
-	"github.com/keyserver/keyserver/federationsender"
 	"github.com/keyserver/keyserver/internal/metrics"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -23,7 +22,6 @@ import (
 type Federation interface {
 	UserDevices(ctx context.Context, server, userID string) (fedclient.UserDevices, error)
 	ClaimKeys(ctx context.Context, server string, req map[string]map[string]string) (fedclient.ClaimKeysResponse, error)
-	federationsender.Transport
 }
 
 const (

@@ -1,21 +1,19 @@
-// Package keyserver is the domain of the server: accounts and devices, the
-// upload, query and claim of end-to-end keys, and the device-list stream
-// that tells clients whose keys to fetch again. It speaks in Go values and
+// Package keyserver is the keys domain of the server: the upload, query
+// and claim of end-to-end keys, the cross-signing use cases, and the
+// device-list stream that tells clients whose keys to fetch again
+// (accounts and devices are package userapi's). It speaks in Go values and
 // *mxerr.Error; the HTTP packages only decode requests and encode answers.
 package keyserver
 
 import (
 	"context"
 	"golang.org/x/sync/singleflight"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/crosssigning"
-	"github.com/keyserver/keyserver/devicelist/updater"
-	"github.com/keyserver/keyserver/federationsender"
-	"github.com/keyserver/keyserver/internal/ratelimit"
+	"github.com/keyserver/keyserver/internal/matrixid"
+	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/reqlog"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -23,31 +21,32 @@ import (
 
 // Options are the settings the domain needs.
 type Options struct {
-	ServerName       string
-	RegistrationOpen bool
-	BcryptCost       int
-	MaxOneTimeKeys   int           // unclaimed one-time keys a device may hold
-	SyncMaxTimeout   time.Duration // cap on a /sync long-poll
+	ServerName     string
+	MaxOneTimeKeys int           // unclaimed one-time keys a device may hold
+	SyncMaxTimeout time.Duration // cap on a /sync long-poll
 	// Federation reaches other servers; nil answers remote users with a
 	// failure and sends nothing.
 	Federation Federation
 	// SendWait bounds how long an incoming transaction waits for the
 	// resyncs its device-list updates need (default 10 s).
 	SendWait time.Duration
-	// Sender and Updater tune the background workers.
-	Sender  federationsender.Options
-	Updater updater.Options
+	// Outbound is the federation outbound queue, poked when updates are
+	// queued for other servers; nil: none (nothing is sent).
+	Outbound Outbound
+	// StaleLists is the updater of remote device lists, woken when users
+	// are marked stale; nil: none.
+	StaleLists StaleLists
+	// Notifier wakes waiting /sync requests; nil: one of the service's
+	// own. The server shares one with the domains that write the stream.
+	Notifier *syncnotify.Notifier
+	// Rooms gives /sync its rooms part; nil: /sync has none.
+	Rooms RoomsSource
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
-	// FailedLogins limits wrong passwords per account; nil: no limit.
-	FailedLogins *ratelimit.Limiter
-	// BcryptConcurrency bounds the password hashes computed at once
-	// (default half of GOMAXPROCS, at least 1).
-	BcryptConcurrency int
-	// UIASessionLifetime is how long a user-interactive auth session may
-	// be completed after it started (default 30 minutes).
-	UIASessionLifetime time.Duration
+	// Passwords asks callers for their password before a change of
+	// cross-signing keys; nil: such a change is refused.
+	Passwords PasswordConfirmer
 	// DeviceNamesOverFederation shows device display names to other servers.
 	DeviceNamesOverFederation bool
 	Logger                    logrus.FieldLogger
@@ -63,9 +62,6 @@ type Options struct {
 	// Unread gives /sync the joined rooms' unread notification counts;
 	// nil: none are shown.
 	Unread UnreadCounter
-	// DirectToDevice receives the m.direct_to_device EDUs of other
-	// servers; nil: they are dropped.
-	DirectToDevice DirectToDeviceReceiver
 
 	// LaxKeyValidation checks only the shape of uploaded keys, not their
 	// signatures or key values (keys.strict_validation: false); the zero
@@ -73,25 +69,34 @@ type Options struct {
 	LaxKeyValidation bool
 }
 
+// Outbound is the federation outbound queue as the domain tells it of
+// new work (package devicelist/sender).
+type Outbound interface{ Poke() }
+
+// StaleLists is the updater of stale remote device lists as the domain
+// tells it of new work (package devicelist/updater).
+type StaleLists interface{ Wake() }
+
+// PasswordConfirmer runs the password stage of user-interactive auth for
+// a request of the caller's (package userapi).
+type PasswordConfirmer interface {
+	ConfirmPassword(ctx context.Context, c matrixid.Caller, req matrixid.AuthRequest, auth *matrixid.AuthData) error
+}
+
 // Service is the keyserver's domain layer.
 type Service struct {
 	db      storage.Database
 	fed     Federation
-	sender  *federationsender.Sender
-	updater *updater.Updater
+	sender  Outbound   // nil: nothing is sent
+	updater StaleLists // nil: no background resyncs
 	// resyncs shares one fetch of a remote user's list among the queries
 	// that need it at once (see ResyncRemoteUser).
-	resyncs   singleflight.Group
-	opts      Options
-	notifier  *syncnotify.Notifier
-	log       logrus.FieldLogger
-	now       func() time.Time
-	passwords *passwordPool
-	rooms     RoomsSource // nil: /sync has no rooms part
-	pdus      PDUReceiver // nil: PDUs are answered as not processed
-	// dummyHash is compared against when a login names an unknown user, so
-	// that answering takes as long as for a wrong password.
-	dummyHash []byte
+	resyncs  singleflight.Group
+	opts     Options
+	notifier *syncnotify.Notifier
+	log      logrus.FieldLogger
+	now      func() time.Time
+	rooms    RoomsSource // nil: /sync has no rooms part
 }
 
 // New makes a Service.
@@ -111,81 +116,23 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.SendWait <= 0 {
 		opts.SendWait = 10 * time.Second
 	}
-	if opts.UIASessionLifetime <= 0 {
-		opts.UIASessionLifetime = 30 * time.Minute
-	}
 	if opts.UntrackedCacheTTL <= 0 {
 		opts.UntrackedCacheTTL = time.Minute
 	}
-	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: syncnotify.New(), log: opts.Logger, now: opts.Now,
-		passwords: newPasswordPool(opts.BcryptConcurrency)}
-	s.dummyHash, _ = hashPassword("not a password", opts.BcryptCost)
-	if s.fed != nil {
-		so := opts.Sender
-		so.ServerName, so.DeviceNames = opts.ServerName, opts.DeviceNamesOverFederation
-		so.FormatUpdate = crosssigning.UpdateEDU
-		if so.Logger == nil {
-			so.Logger = opts.Logger
-		}
-		s.sender = federationsender.New(db, s.fed, so)
-		uo := opts.Updater
-		if uo.Logger == nil {
-			uo.Logger = opts.Logger
-		}
-		// The updater resyncs users marked stale, unless another daemon
-		// holds the resync (it is due again if that one fails).
-		s.updater = updater.New(db, func(ctx context.Context, server, userID string) error {
-			_, err := s.heldResync(ctx, server, userID, false)
-			return err
-		}, uo)
+	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: opts.Notifier, log: opts.Logger, now: opts.Now,
+		rooms: opts.Rooms, sender: opts.Outbound, updater: opts.StaleLists}
+	if s.notifier == nil {
+		s.notifier = syncnotify.New()
 	}
 	return s
 }
 
-// Run runs the background workers (outbound device-list updates and the
-// updater of remote lists) until ctx ends.
-func (s *Service) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		// Changes made by other daemons sharing the database wake this
-		// one's waiting /sync requests.
-		s.notifier.Watch(ctx, s.db, s.log)
-	}()
-	if s.fed == nil {
-		wg.Wait()
-		return
-	}
-	wg.Add(2)
-	go func() { defer wg.Done(); s.sender.Run(ctx) }()
-	go func() { defer wg.Done(); s.updater.Run(ctx) }()
-	wg.Wait()
-}
-
-// ServerAlive is told of every server that made an authenticated request:
-// it is up, so waits on its account end.
-// It runs on the request's path, so it only hands the news to the
-// background workers, without waiting for the database.
-func (s *Service) ServerAlive(server string) {
-	if s.fed == nil {
-		return
-	}
-	s.sender.DestinationAlive(server)
-	s.updater.ServerAlive(server)
-}
-
-// Sender is the outbound device-list sender (nil without federation).
-func (s *Service) Sender() *federationsender.Sender { return s.sender }
-
-// Updater is the remote device-list updater (nil without federation).
-func (s *Service) Updater() *updater.Updater { return s.updater }
-
-// Ready reports whether the server can serve: its database answers.
-func (s *Service) Ready(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return s.db.Ping(ctx)
+// ResyncStale fetches and stores a stale remote user's device list for
+// the updater, unless another daemon holds the resync (it is due again if
+// that one fails).
+func (s *Service) ResyncStale(ctx context.Context, server, userID string) error {
+	_, err := s.heldResync(ctx, server, userID, false)
+	return err
 }
 
 // logger is the logger of the request ctx belongs to (with its request
@@ -194,9 +141,6 @@ func (s *Service) logger(ctx context.Context) logrus.FieldLogger { return reqlog
 
 // ServerName is the server's name.
 func (s *Service) ServerName() string { return s.opts.ServerName }
-
-// Close releases waiting requests, for shutdown.
-func (s *Service) Close() { s.notifier.Close() }
 
 // WaitingSyncs counts the users with a /sync request waiting for news.
 func (s *Service) WaitingSyncs() int { return s.notifier.Waiting() }
@@ -223,3 +167,12 @@ func (s *Service) nowMS() int64 { return s.now().UnixMilli() }
 
 // isLocal reports whether a user ID belongs to this server.
 func (s *Service) isLocal(server string) bool { return server == s.opts.ServerName }
+
+// confirmPassword asks the caller for their password before req goes
+// ahead.
+func (s *Service) confirmPassword(ctx context.Context, c matrixid.Caller, req matrixid.AuthRequest, auth *matrixid.AuthData) error {
+	if s.opts.Passwords == nil {
+		return mxerr.Forbidden("this server cannot ask for your password")
+	}
+	return s.opts.Passwords.ConfirmPassword(ctx, c, req, auth)
+}

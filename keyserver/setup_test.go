@@ -22,5 +22,5 @@ func openService(ctx context.Context, t *testing.T, uri string) (*sqlstore.Store
 	t.Cleanup(func() { store.Close() })
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	return store, keyserver.New(store, keyserver.Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+	return store, keyserver.New(store, keyserver.Options{ServerName: "local.test", Logger: log})
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/testutil"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
@@ -45,7 +46,7 @@ func TestStaleDeviceCacheIsNotTrusted(t *testing.T) {
 			if err := json.Unmarshal(raw, &r); err != nil {
 				t.Fatal(err)
 			}
-			_, err := svc.UploadKeys(ctx, keyserver.Caller{UserID: u.UserID, DeviceID: u.DeviceID}, r)
+			_, err := svc.UploadKeys(ctx, matrixid.Caller{UserID: u.UserID, DeviceID: u.DeviceID}, r)
 			return err
 		}
 		old := newDevice()

@@ -24,10 +24,6 @@ type SyncOptions struct {
 	FullState bool
 }
 
-// SetRooms gives /sync its rooms part. Rooms are made after the service
-// (they report membership to it), so this comes before serving starts.
-func (s *Service) SetRooms(r RoomsSource) { s.rooms = r }
-
 // syncFilter resolves /sync's filter parameter (none without rooms).
 func (s *Service) syncFilter(ctx context.Context, userID string, o SyncOptions) (roomserver.Filter, error) {
 	if s.rooms == nil {

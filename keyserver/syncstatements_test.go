@@ -9,9 +9,11 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/userapi"
 )
 
 // A waiting /sync costs one statement to start waiting and one when a
@@ -24,8 +26,9 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 		log := logrus.New()
 		log.SetOutput(io.Discard)
 		store := openTestDB(t, tdb)
-		s := New(store, Options{ServerName: "local.test", BcryptCost: 4, Logger: log, AccountData: store, ToDevice: store})
-		alice, err := s.CreateUser(ctx, "alice", "pw")
+		s := New(store, Options{ServerName: "local.test", Logger: log, AccountData: store, ToDevice: store})
+		users := testUsers(s)
+		alice, err := users.CreateUser(ctx, "alice", "pw")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +38,7 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 		const waiters = 5
 		var mates []string
 		for i := 0; i < waiters; i++ {
-			u, err := s.CreateUser(ctx, "mate"+strconv.Itoa(i), "pw")
+			u, err := users.CreateUser(ctx, "mate"+strconv.Itoa(i), "pw")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,13 +48,13 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 			mates = append(mates, u)
 		}
 		pw, dev := "pw", "PHONE"
-		login, err := s.Login(ctx, LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
+		login, err := users.Login(ctx, userapi.LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rename := func(name string) int64 {
 			before := store.StatementsSent()
-			if err := s.RenameDevice(ctx, Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
+			if err := users.RenameDevice(ctx, matrixid.Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
 				t.Fatal(err)
 			}
 			return store.StatementsSent() - before
@@ -71,7 +74,7 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 		answers := make(chan answer, waiters)
 		for _, u := range mates {
 			go func() {
-				res, err := s.Sync(ctx, Caller{UserID: u, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
+				res, err := s.Sync(ctx, matrixid.Caller{UserID: u, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
 				answers <- answer{res, err}
 			}()
 		}

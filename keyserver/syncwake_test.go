@@ -9,9 +9,11 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
+	"github.com/keyserver/keyserver/userapi"
 )
 
 // A device change wakes the waiting /sync requests of the users it
@@ -22,9 +24,10 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		defer cancel()
 		log := logrus.New()
 		log.SetOutput(io.Discard)
-		s := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+		s := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
+		users := testUsers(s)
 		user := func(localpart string) string {
-			id, err := s.CreateUser(ctx, localpart, "pw")
+			id, err := users.CreateUser(ctx, localpart, "pw")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +41,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		}
 		pw := "pw"
 		dev := "PHONE"
-		login, err := s.Login(ctx, LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
+		login, err := users.Login(ctx, userapi.LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +60,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		wait := func(user string) <-chan answer {
 			ch := make(chan answer, 1)
 			go func() {
-				res, err := s.Sync(waitCtx, Caller{UserID: user, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
+				res, err := s.Sync(waitCtx, matrixid.Caller{UserID: user, DeviceID: "X"}, streamtoken.Format(since), time.Minute, SyncOptions{})
 				ch <- answer{res, err}
 			}()
 			return ch
@@ -73,7 +76,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		}
 
 		name := "new name"
-		if err := s.RenameDevice(ctx, Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
+		if err := users.RenameDevice(ctx, matrixid.Caller{UserID: alice, DeviceID: login.DeviceID}, login.DeviceID, &name); err != nil {
 			t.Fatal(err)
 		}
 		// The wake-ups are signalled before the write returns.
@@ -127,14 +130,17 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	a := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
-	b := New(openTestDB(t, tdb), Options{ServerName: "local.test", BcryptCost: 4, Logger: log})
+	a := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
+	b := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
+	aUsers := testUsers(a)
 	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx) }()
+	// b hears of changes made through a as the server does: its notifier
+	// watches the database.
+	go func() { defer close(done); b.notifier.Watch(ctx, b.db, log) }()
 	defer func() { cancel(); <-done }()
 
 	user := func(localpart string) string {
-		id, err := a.CreateUser(ctx, localpart, "pw")
+		id, err := aUsers.CreateUser(ctx, localpart, "pw")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +178,7 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	defer bobSub.Close()
 	defer carolSub.Close()
 	pw, dev := "pw", "PHONE"
-	if _, err := a.Login(ctx, LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev}); err != nil {
+	if _, err := aUsers.Login(ctx, userapi.LoginRequest{Type: "m.login.password", User: alice, Password: &pw, DeviceID: &dev}); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -91,16 +91,3 @@ func (s *Service) toDeviceSection(pos storage.StreamPos, msgs []storage.ToDevice
 	}
 	return section, delivered
 }
-
-// OutboundQueued says EDUs were queued for other servers (to-device
-// messages): the sender reads its queue again soon.
-func (s *Service) OutboundQueued() {
-	if s.sender != nil {
-		s.sender.Poke()
-	}
-}
-
-// DeviceListChanged follows a local device-list change committed by
-// another package (dehydrated devices): the waiting /sync requests it
-// concerns are told, and the updates queued for other servers are sent.
-func (s *Service) DeviceListChanged(ch storage.Change) { s.localChange(ch) }

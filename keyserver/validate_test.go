@@ -230,54 +230,6 @@ func TestStreamTokens(t *testing.T) {
 	}
 }
 
-func TestIDs(t *testing.T) {
-	for _, s := range []string{"alice", "a.b_c=d-e/f+g", "0"} {
-		if !validLocalpart(s) {
-			t.Errorf("localpart %q rejected", s)
-		}
-	}
-	for _, s := range []string{"", "Alice", "a b", "a:b", "é", "a@b"} {
-		if validLocalpart(s) {
-			t.Errorf("localpart %q accepted", s)
-		}
-	}
-	for _, s := range []string{"ABCDEFGHIJ", "dev-1.x_y~z", strings.Repeat("A", 255)} {
-		if !validDeviceID(s) {
-			t.Errorf("device ID %q rejected", s)
-		}
-	}
-	for _, s := range []string{"", "a b", "a/b", "a:b", strings.Repeat("A", 256)} {
-		if validDeviceID(s) {
-			t.Errorf("device ID %q accepted", s)
-		}
-	}
-	id := newDeviceID()
-	if len(id) != 10 || strings.ToUpper(id) != id || !validDeviceID(id) {
-		t.Errorf("generated device ID %q", id)
-	}
-	if a, b := newAccessToken(), newAccessToken(); a == b || len(a) < 40 {
-		t.Errorf("tokens %q %q", a, b)
-	}
-	for _, tc := range []struct {
-		id, server string
-		ok         bool
-	}{
-		{"@alice:example.org", "example.org", true},
-		{"@alice:example.org:8448", "example.org:8448", true},
-		{"@Alice:[::1]:8448", "[::1]:8448", true},
-		{"alice:example.org", "", false},
-		{"@alice", "", false},
-		{"@:example.org", "", false},
-		{"@alice:exa mple.org", "", false},
-		{"@" + strings.Repeat("a", 260) + ":x.org", "", false},
-	} {
-		server, ok := ParseUserID(tc.id)
-		if ok != tc.ok || server != tc.server {
-			t.Errorf("%q: %q %v", tc.id, server, ok)
-		}
-	}
-}
-
 // canonical takes a fast path for objects without "unsigned" or repeated
 // names; it must give exactly what decoding and re-encoding gives.
 func TestCanonicalFastPathMatchesDecoded(t *testing.T) {

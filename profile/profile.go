@@ -48,13 +48,25 @@ const (
 	remoteTimeout = 10 * time.Second
 )
 
-// Service serves profiles.
-type Service struct {
+// LocalProfiles reads the profiles of this server's users. It needs no
+// rooms: the rooms, which carry profiles in their member events, are
+// built with it, and the Service that writes profiles into rooms after.
+type LocalProfiles struct {
 	db         Store
 	serverName string
-	remote     Remote // nil: other servers' users have no profile here
-	rooms      Rooms  // nil: member events are not updated
-	log        logrus.FieldLogger
+}
+
+// NewLocal makes a LocalProfiles.
+func NewLocal(db Store, serverName string) LocalProfiles {
+	return LocalProfiles{db: db, serverName: serverName}
+}
+
+// Service serves profiles.
+type Service struct {
+	LocalProfiles
+	remote Remote // nil: other servers' users have no profile here
+	rooms  Rooms  // nil: member events are not updated
+	log    logrus.FieldLogger
 }
 
 // New makes a Service; remote and rooms may be nil.
@@ -62,7 +74,7 @@ func New(db Store, serverName string, remote Remote, rooms Rooms, log logrus.Fie
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	return &Service{db: db, serverName: serverName, remote: remote, rooms: rooms, log: log}
+	return &Service{LocalProfiles: NewLocal(db, serverName), remote: remote, rooms: rooms, log: log}
 }
 
 // Get returns a user's profile, asking their server for one of another.
@@ -89,7 +101,7 @@ func (s *Service) Get(ctx context.Context, userID string) (storage.Profile, erro
 // Local returns the profile of a user of this server: 400 for a string
 // that is not a user ID (a server part that is no server name included),
 // 404 for one who has no account (or of another server).
-func (s *Service) Local(ctx context.Context, userID string) (storage.Profile, error) {
+func (s LocalProfiles) Local(ctx context.Context, userID string) (storage.Profile, error) {
 	if _, err := spec.NewUserID(userID, true); err != nil {
 		return storage.Profile{}, mxerr.InvalidParam("%q is not a user ID", userID)
 	}

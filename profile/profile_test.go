@@ -192,9 +192,9 @@ func TestProfileChangeReachesRooms(t *testing.T) {
 		store := openStore(t, db, alice, bob)
 		_, key, _ := ed25519.GenerateKey(rand.Reader)
 		rooms := roomserver.New(store, roomserver.Options{ServerName: server, KeyID: "ed25519:k", PrivateKey: key,
-			Logger: quietLog(), Now: func() time.Time { return time.UnixMilli(1_700_000_000_000) }})
+			Profiles: profile.NewLocal(store, server),
+			Logger:   quietLog(), Now: func() time.Time { return time.UnixMilli(1_700_000_000_000) }})
 		svc := profile.New(store, server, nil, rooms, quietLog())
-		rooms.SetProfiles(svc)
 
 		if err := svc.Set(ctx, alice, alice, profile.DisplayName, str("Alice")); err != nil {
 			t.Fatal(err)

@@ -8,8 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/matrix-org/gomatrixserverlib/spec"
-
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -73,7 +72,7 @@ func (s *Service) resolveRemoteAlias(ctx context.Context, server, alias string) 
 	if err != nil {
 		return "", nil, s.remoteFailure(server, err, "unknown room alias "+alias)
 	}
-	if _, err := spec.NewRoomID(roomID); err != nil {
+	if !matrixid.ValidRoomID(roomID) {
 		return "", nil, mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "%s answered an invalid room ID", server)
 	}
 	// The alias' server is in its room: it is the one to try when the

@@ -11,15 +11,11 @@ import (
 	"github.com/keyserver/keyserver/storage"
 )
 
-// Profiles gives the profiles of this server's users (profile.Service),
+// Profiles gives the profiles of this server's users (profile.LocalProfiles),
 // which their join and invite events carry.
 type Profiles interface {
 	Local(ctx context.Context, userID string) (storage.Profile, error)
 }
-
-// SetProfiles sets where profiles come from; without, member events carry
-// none.
-func (s *Service) SetProfiles(p Profiles) { s.profiles = p }
 
 // withProfile adds a local user's display name and avatar to the content
 // of their member event; a user of another server, or one without a

@@ -124,7 +124,8 @@ type Store interface {
 // MembershipSink is the device-list side's one view of rooms: told of
 // every committed room write, with the local users it concerns, the
 // remote users whose lists are now tracked, and whether events were
-// queued for other servers (keyserver.Service, which owns the sender).
+// queued for other servers (the server's change fan-out, which wakes
+// waiting /sync requests, the updater and the outbound queue).
 type MembershipSink interface {
 	RoomWritten(res storage.RoomWriteResult)
 }
@@ -146,6 +147,8 @@ type Options struct {
 	KeyID      gomatrixserverlib.KeyID
 	PrivateKey ed25519.PrivateKey
 	Sink       MembershipSink
+	// Profiles fill local users' member events; nil: they carry none.
+	Profiles Profiles
 	// KeyRing checks other servers' signatures on events.
 	KeyRing *gomatrixserverlib.KeyRing
 	// Remote fetches events from other servers; nil: none are fetched.
@@ -176,7 +179,8 @@ type Service struct {
 	backfills sync.Map
 	// states keeps state read for building events.
 	states stateCache
-	// profiles fill local users' member events (SetProfiles); nil: none.
+	// profiles fill local users' member events (Options.Profiles); nil:
+	// none.
 	profiles Profiles
 }
 
@@ -191,7 +195,7 @@ func New(db Store, opts Options) *Service {
 	if opts.RemoteTimeout <= 0 {
 		opts.RemoteTimeout = defaultRemoteTimeout
 	}
-	return &Service{db: db, opts: opts}
+	return &Service{db: db, opts: opts, profiles: opts.Profiles}
 }
 
 // DefaultRoomVersion is the version of rooms created without one.

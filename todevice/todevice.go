@@ -20,7 +20,6 @@ import (
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/internal/reqlog"
-	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -98,7 +97,7 @@ func (s *Service) Send(ctx context.Context, userID, deviceID, eventType, txnID s
 		Local: map[string]map[string]json.RawMessage{}, Now: s.o.Now().UnixMilli()}
 	remote := map[string]map[string]map[string]json.RawMessage{} // server -> user -> device -> content
 	for user, devices := range req.Messages {
-		server, ok := keyserver.ParseUserID(user)
+		server, ok := matrixid.ParseUserID(user)
 		if !ok {
 			return mxerr.InvalidParam("%q is not a valid user ID", user)
 		}
@@ -167,14 +166,14 @@ func (s *Service) Receive(ctx context.Context, origin string, content json.RawMe
 		log.Debug("dropped a malformed m.direct_to_device")
 		return nil
 	}
-	if server, ok := keyserver.ParseUserID(edu.Sender); !ok || server != origin {
+	if server, ok := matrixid.ParseUserID(edu.Sender); !ok || server != origin {
 		log.WithField("sender", edu.Sender).Debug("dropped an m.direct_to_device from a user not on its origin")
 		return nil
 	}
 	send := storage.ToDeviceSend{Origin: origin, TxnID: edu.MessageID, Sender: edu.Sender, Type: edu.Type,
 		Local: map[string]map[string]json.RawMessage{}, Now: s.o.Now().UnixMilli()}
 	for user, devices := range edu.Messages {
-		if server, ok := keyserver.ParseUserID(user); !ok || server != s.o.ServerName {
+		if server, ok := matrixid.ParseUserID(user); !ok || server != s.o.ServerName {
 			continue
 		}
 		checked := map[string]json.RawMessage{}
@@ -193,7 +192,7 @@ func (s *Service) Receive(ctx context.Context, origin string, content json.RawMe
 	return nil
 }
 
-// ReceiveDirectToDevice is Receive, as package keyserver calls it.
+// ReceiveDirectToDevice is Receive, as package fedrouter calls it.
 func (s *Service) ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error {
 	return s.Receive(ctx, origin, content)
 }

@@ -14,8 +14,7 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/keyserver/keyserver/keyserver"
-	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/internal/server"
 )
 
 const adminUsage = `keyserver admin COMMAND [flags] ARGS...  (flags before the arguments)
@@ -70,21 +69,24 @@ func runAdmin(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			return err
 		}
 	}
-	store, err := sqlstore.Open(ctx, cfg.DatabaseURI(), cfg.ServerName)
+	// The server as the daemon builds it, without identity files,
+	// federation or background workers: the commands only read and write
+	// the database.
+	srv, err := server.Build(ctx, cfg, server.Options{})
 	if err != nil {
-		return fmt.Errorf("open database: %w", err)
+		return err
 	}
-	defer store.Close()
-	ks := keyserver.New(store, keyserver.Options{ServerName: cfg.ServerName, BcryptCost: cfg.ClientAPI.BcryptCost})
+	defer srv.Close(context.Background())
+	ks, users := srv.Keys, srv.Users
 	switch cmd {
 	case "create-user":
-		userID, err := ks.CreateUser(ctx, rest[0], password)
+		userID, err := users.CreateUser(ctx, rest[0], password)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "created", userID)
 	case "devices":
-		devices, err := ks.UserDevices(ctx, rest[0])
+		devices, err := users.UserDevices(ctx, rest[0])
 		if err != nil {
 			return err
 		}

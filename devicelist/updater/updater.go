@@ -65,6 +65,25 @@ type Options struct {
 	Logger      logrus.FieldLogger
 	// Jitter draws a random duration in [0, n); math/rand by default.
 	Jitter func(n int64) int64
+	// Wake is the signal that makes the updater look for due users; nil:
+	// one of its own. Made before the updater, it lets the packages that
+	// mark users stale be built first.
+	Wake Signal
+}
+
+// Signal wakes an updater (see Options.Wake).
+type Signal chan struct{}
+
+// NewSignal makes a Signal.
+func NewSignal() Signal { return make(Signal, 1) }
+
+// Wake makes the updater that listens on the signal look for due users
+// now; it never waits.
+func (s Signal) Wake() {
+	select {
+	case s <- struct{}{}:
+	default:
+	}
 }
 
 // Resyncer fetches and stores one user's device list.
@@ -75,7 +94,7 @@ type Updater struct {
 	db     Store
 	resync Resyncer
 	o      Options
-	wake   chan struct{}
+	wake   Signal
 	shards []chan storage.StaleUser
 	// dbErrs rate-limits the database errors' log lines.
 	dbErrs *lograte.Limiter
@@ -118,7 +137,10 @@ func New(db Store, resync Resyncer, o Options) *Updater {
 	if o.Jitter == nil {
 		o.Jitter = mrand.Int64N
 	}
-	u := &Updater{db: db, resync: resync, o: o, wake: make(chan struct{}, 1), aliveSig: make(chan struct{}, 1),
+	if o.Wake == nil {
+		o.Wake = NewSignal()
+	}
+	u := &Updater{db: db, resync: resync, o: o, wake: o.Wake, aliveSig: make(chan struct{}, 1),
 		inFlight: map[string]bool{}, deferred: map[string]bool{}, alive: map[string]bool{},
 		dbErrs: lograte.New(dbErrorLogInterval, o.Clock.Now)}
 	for i := 0; i < o.Shards; i++ {
@@ -128,12 +150,7 @@ func New(db Store, resync Resyncer, o Options) *Updater {
 }
 
 // Wake makes the updater look for due users now.
-func (u *Updater) Wake() {
-	select {
-	case u.wake <- struct{}{}:
-	default:
-	}
-}
+func (u *Updater) Wake() { u.wake.Wake() }
 
 // ServerAlive makes a server's stale users due soon: it has just shown it
 // is up. It is called on the path of every authenticated federation

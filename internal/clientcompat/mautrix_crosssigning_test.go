@@ -159,7 +159,7 @@ func TestRealClientsCrossSignThroughUpdates(t *testing.T) {
 		following := func(n *testutil.Node, user string) bool {
 			_, stale, err := n.Store.StaleEntry(ctx, user)
 			lists, err2 := n.Store.RemoteDeviceLists(ctx, []string{user})
-			return err == nil && err2 == nil && !stale && lists[user] != nil && n.Service.Updater().InFlight() == 0
+			return err == nil && err2 == nil && !stale && lists[user] != nil && n.Updater.InFlight() == 0
 		}
 		testutil.Eventually(t, "each server to follow the other's user", func() bool {
 			return following(a, bob.UserID) && following(b, alice.UserID)

@@ -267,7 +267,7 @@ func TestSenderWorkersFromConfig(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		if n := d.Service().Sender().Workers(); n != 3 {
+		if n := d.Server().Sender.Workers(); n != 3 {
 			t.Fatalf("sender pool of %d workers, want 3", n)
 		}
 	})

@@ -1,12 +1,39 @@
-// Package matrixid checks the identifiers clients name in requests that
-// this server stores without resolving them (room IDs, session IDs), and
-// reads the server name of an ID.
+// Package matrixid is the Matrix vocabulary every package shares: the
+// rules of user and room IDs (one rule each, used everywhere), the
+// identifiers clients name that this server stores without resolving them
+// (session IDs, account data types), the server name of an ID, and the
+// identity of an authenticated caller. It imports no package of the
+// server.
 package matrixid
 
 import (
 	"strings"
 	"unicode/utf8"
+
+	"github.com/matrix-org/gomatrixserverlib/spec"
 )
+
+// Caller is an authenticated client: a user and the device its token is
+// bound to.
+type Caller struct {
+	UserID   string
+	DeviceID string
+	IP       string // the remote address of the request, for logs
+}
+
+// ParseUserID checks that id is a Matrix user ID and returns its server
+// name. Historical localparts (any printable ASCII but ':', upper case
+// included) are allowed: other servers made them before the grammar was
+// narrowed, and the spec requires them to be accepted. Every user ID this
+// server reads from a client or another server goes through here; only the
+// IDs it creates itself follow the strict grammar of new localparts.
+func ParseUserID(id string) (server string, ok bool) {
+	u, err := spec.NewUserID(id, true)
+	if err != nil || u.Local() == "" {
+		return "", false
+	}
+	return string(u.Domain()), true
+}
 
 // MaxLength is the longest identifier accepted: the spec's limit for room
 // and event IDs.

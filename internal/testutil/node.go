@@ -15,9 +15,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/config"
-	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/daemon"
-	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/internal/server"
 )
 
 // Node is a whole daemon on loopback, named after its federation address
@@ -89,17 +88,18 @@ func (n *Node) start(fedLn net.Listener) {
 		n.t.Fatal(err)
 	}
 	n.Daemon = d
-	n.Server = &Server{URL: "http://" + d.ClientAddr(), ServerName: n.Config.ServerName, Service: d.Service(), Store: d.Store()}
+	n.Server = &Server{URL: "http://" + d.ClientAddr(), ServerName: n.Config.ServerName, Service: d.Service(), Store: d.Store(),
+		Updater: d.Server().Updater, Parts: d.Server()}
 }
 
 // testTuning shortens the waits of the background workers, so tests of
 // retries and recovery take fractions of a second; the backoff logic is
 // the same.
-func testTuning(k *keyserver.Options, f *fedclient.Options) {
-	f.MinBackoff = time.Second
-	k.Sender.MinRetry = 200 * time.Millisecond
-	k.Updater.TimeoutBase, k.Updater.ErrorBase = 200*time.Millisecond, 200*time.Millisecond
-	k.Updater.StartSpread = 100 * time.Millisecond
+func testTuning(t *server.Tuning) {
+	t.Federation.MinBackoff = time.Second
+	t.Sender.MinRetry = 200 * time.Millisecond
+	t.Updater.TimeoutBase, t.Updater.ErrorBase = 200*time.Millisecond, 200*time.Millisecond
+	t.Updater.StartSpread = 100 * time.Millisecond
 }
 
 // listenRetry listens on addr, retrying briefly while a just-closed

@@ -19,20 +19,12 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/sirupsen/logrus"
 
-	"github.com/keyserver/keyserver/accountdata"
-	"github.com/keyserver/keyserver/clientapi"
-	"github.com/keyserver/keyserver/dehydrated"
-	"github.com/keyserver/keyserver/initialsync"
+	"github.com/keyserver/keyserver/config"
+	"github.com/keyserver/keyserver/devicelist/updater"
 	"github.com/keyserver/keyserver/internal/ratelimit"
-	"github.com/keyserver/keyserver/keybackup"
+	"github.com/keyserver/keyserver/internal/server"
 	"github.com/keyserver/keyserver/keyserver"
-	"github.com/keyserver/keyserver/profile"
-	"github.com/keyserver/keyserver/publicrooms"
-	"github.com/keyserver/keyserver/pushrules"
-	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
-	"github.com/keyserver/keyserver/todevice"
-	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
 )
 
@@ -83,6 +75,11 @@ type Server struct {
 	ServerName string
 	Service    *keyserver.Service
 	Store      *sqlstore.Store
+	// Updater resyncs stale remote device lists (nodes only: nil for a
+	// server without federation).
+	Updater *updater.Updater
+	// Parts are the server's parts, as the builder made them.
+	Parts *server.Server
 }
 
 // NewServer starts a client API for the test on db.
@@ -91,48 +88,46 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	if o.ServerName == "" {
 		o.ServerName = "test.local"
 	}
-	store, err := sqlstore.Open(context.Background(), db.URI, o.ServerName)
-	if err != nil {
-		t.Fatalf("open %s: %v", db.Name, err)
+	cfg := config.Default()
+	cfg.ServerName = o.ServerName
+	cfg.Database = db.URI
+	cfg.AdminToken = AdminToken
+	if o.RegistrationClosed {
+		cfg.ClientAPI.Registration = "closed"
 	}
+	cfg.ClientAPI.BcryptCost = 4 // the minimum: tests check passwords, not bcrypt's strength
+	cfg.ClientAPI.BcryptConcurrency = o.BcryptConcurrency
+	if o.MaxOneTimeKeys > 0 {
+		cfg.ClientAPI.MaxOneTimeKeysPerDevice = o.MaxOneTimeKeys
+	}
+	if o.MaxRequestBytes > 0 {
+		cfg.ClientAPI.MaxRequestBytes = o.MaxRequestBytes
+	}
+	cfg.ClientAPI.WriteTimeout = 0 // httptest's server has none
+	cfg.ClientAPI.RateLimitPerSecond, cfg.ClientAPI.RateLimitBurst = o.RateLimitPerSecond, o.RateLimitBurst
+	cfg.ClientAPI.LoginRateLimit = config.RateLimit(o.Login)
+	cfg.ClientAPI.RegistrationRateLimit = config.RateLimit(o.Register)
+	cfg.ClientAPI.FailedLoginRateLimit = config.RateLimit(o.FailedLogins)
+	cfg.ClientAPI.ToDeviceRateLimit = config.RateLimit(o.ToDevice)
+	cfg.ClientAPI.UserDirectory.SearchAllUsers = o.SearchAllUsers
+	cfg.ClientAPI.TURN = config.TURNConfig{URIs: o.TURN.URIs, SharedSecret: o.TURN.SharedSecret,
+		Username: o.TURN.Username, Password: o.TURN.Password, UserLifetime: config.Duration(o.TURN.UserLifetime)}
+	cfg.Keys.StrictValidation = !o.LaxKeyValidation
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	_, signingKey, _ := ed25519.GenerateKey(rand.Reader)
-	ks := keyserver.New(store, keyserver.Options{
-		ServerName:        o.ServerName,
-		RegistrationOpen:  !o.RegistrationClosed,
-		BcryptCost:        4, // the minimum: tests check passwords, not bcrypt's strength
-		MaxOneTimeKeys:    o.MaxOneTimeKeys,
-		Logger:            log,
-		Now:               o.Now,
-		FailedLogins:      o.FailedLogins.limiter(o.Now),
-		BcryptConcurrency: o.BcryptConcurrency,
-		LaxKeyValidation:  o.LaxKeyValidation,
-		AccountData:       store,
-		ToDevice:          store,
-	})
-	rooms := roomserver.New(store, roomserver.Options{ServerName: o.ServerName, KeyID: "ed25519:test", PrivateKey: signingKey,
-		Sink: ks, Logger: log, Now: o.Now})
-	ks.SetRooms(rooms)
-	profiles := profile.New(store, o.ServerName, nil, rooms, log)
-	rooms.SetProfiles(profiles)
-	toDevice := todevice.New(store, todevice.Options{ServerName: o.ServerName, Logger: log, Now: o.Now,
-		RateLimit: o.ToDevice.limiter(o.Now), Changed: ks.StreamAdvanced})
-	h := clientapi.NewHandler(ks, clientapi.Options{MaxRequestBytes: o.MaxRequestBytes, AdminToken: AdminToken, Logger: log,
-		RateLimit:  ratelimit.New(float64(o.RateLimitPerSecond), o.RateLimitBurst, nil),
-		LoginLimit: o.Login.limiter(o.Now), RegisterLimit: o.Register.limiter(o.Now),
-		KeyBackup: keybackup.New(store, log, keybackup.Options{LaxAuthData: o.LaxKeyValidation}), AccountData: accountdata.New(store, ks.StreamAdvanced),
-		PushRules: pushrules.New(store, ks.StreamAdvanced), PublicRooms: publicrooms.New(store, rooms, nil, o.ServerName, log),
-		UserDirectory: userdirectory.New(store, o.SearchAllUsers), TURN: voip.New(o.TURN, o.Now),
-		InitialSync: initialsync.New(rooms, store),
-		Rooms:       rooms, Profiles: profiles, ToDevice: toDevice, Dehydrated: dehydrated.New(store, ks, ks.DeviceListChanged, o.Now)})
-	ts := httptest.NewServer(h)
+	srv, err := server.Build(context.Background(), cfg, server.Options{Logger: log, Now: o.Now})
+	if err != nil {
+		t.Fatalf("build a server on %s: %v", db.Name, err)
+	}
+	ts := httptest.NewServer(srv.Client)
 	t.Cleanup(func() {
-		ks.Close()
+		srv.ReleaseWaiting()
 		ts.Close()
-		store.Close()
+		if err := srv.Close(context.Background()); err != nil {
+			t.Errorf("close the server: %v", err)
+		}
 	})
-	return &Server{URL: ts.URL, ServerName: o.ServerName, Service: ks, Store: store}
+	return &Server{URL: ts.URL, ServerName: o.ServerName, Service: srv.Keys, Store: srv.Store, Parts: srv}
 }
 
 // Response is a decoded answer.

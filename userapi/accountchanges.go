@@ -1,10 +1,11 @@
-package keyserver
+package userapi
 
 import (
 	"context"
 	"errors"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -13,15 +14,15 @@ import (
 type ChangePasswordRequest struct {
 	NewPassword *string `json:"new_password"`
 	// LogoutDevices logs out every other device of the user (default true).
-	LogoutDevices *bool     `json:"logout_devices"`
-	Auth          *AuthData `json:"auth"`
+	LogoutDevices *bool              `json:"logout_devices"`
+	Auth          *matrixid.AuthData `json:"auth"`
 }
 
 // ChangePassword sets the caller's password after a password stage of
 // user-interactive auth with the old one. Unless asked not to, every other
 // device is logged out, with its keys, which other servers and clients
 // learn as device-list changes; the caller's own device stays.
-func (s *Service) ChangePassword(ctx context.Context, c Caller, r ChangePasswordRequest) error {
+func (s *Service) ChangePassword(ctx context.Context, c matrixid.Caller, r ChangePasswordRequest) error {
 	if r.NewPassword != nil && len(*r.NewPassword) > maxPasswordLength {
 		return mxerr.InvalidParam("password is longer than %d bytes", maxPasswordLength)
 	}
@@ -35,7 +36,7 @@ func (s *Service) ChangePassword(ctx context.Context, c Caller, r ChangePassword
 	if r.NewPassword != nil {
 		newPassword = *r.NewPassword
 	}
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/password", Params: struct {
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/password", Params: struct {
 		NewPassword   string `json:"new_password"`
 		LogoutDevices bool   `json:"logout_devices"`
 	}{newPassword, logout}}
@@ -60,7 +61,7 @@ func (s *Service) ChangePassword(ctx context.Context, c Caller, r ChangePassword
 
 // DeactivateRequest is POST /account/deactivate.
 type DeactivateRequest struct {
-	Auth *AuthData `json:"auth"`
+	Auth *matrixid.AuthData `json:"auth"`
 	// Erase asks that what the user sent be forgotten; everything of the
 	// user is deleted in any case.
 	Erase bool `json:"erase"`
@@ -72,8 +73,8 @@ type DeactivateRequest struct {
 // deactivated row so that login is refused and the user ID is never
 // registered again, and then the user leaves every room, as Synapse parts
 // deactivated users.
-func (s *Service) Deactivate(ctx context.Context, c Caller, r DeactivateRequest) error {
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/deactivate", Params: struct {
+func (s *Service) Deactivate(ctx context.Context, c matrixid.Caller, r DeactivateRequest) error {
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/account/deactivate", Params: struct {
 		Erase bool `json:"erase"`
 	}{r.Erase}}
 	if err := s.userInteractive(ctx, stagePassword, req, r.Auth, s.passwordStage(ctx, c)); err != nil {
@@ -99,9 +100,22 @@ func (s *Service) Deactivate(ctx context.Context, c Caller, r DeactivateRequest)
 		return nil
 	}
 	for _, room := range rooms {
-		if err := s.SetMembership(ctx, room, c.UserID, storage.MembershipLeave); err != nil {
+		if err := s.leave(ctx, room, c.UserID); err != nil {
 			log.WithError(err).WithField("room_id", room).Warn("a deactivated user could not leave a room")
 		}
+	}
+	return nil
+}
+
+// leave records that a deactivated user left a room: the device lists of
+// the users sharing it change.
+func (s *Service) leave(ctx context.Context, roomID, userID string) error {
+	res, err := s.db.SetMembership(ctx, roomID, userID, storage.MembershipLeave, s.nowMS())
+	if err != nil {
+		return err
+	}
+	if s.changes != nil {
+		s.changes.MembershipChanged(res.Change, res.NewlyStale)
 	}
 	return nil
 }

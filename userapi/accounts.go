@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -11,52 +11,33 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
 
-// Caller is an authenticated client: a user and the device its token is
-// bound to.
-type Caller struct {
-	UserID   string
-	DeviceID string
-	IP       string // the remote address of the request, for logs
-}
-
 // Authenticate resolves an access token.
-func (s *Service) Authenticate(ctx context.Context, token string) (Caller, error) {
+func (s *Service) Authenticate(ctx context.Context, token string) (matrixid.Caller, error) {
 	if token == "" {
-		return Caller{}, mxerr.MissingToken("missing access token")
+		return matrixid.Caller{}, mxerr.MissingToken("missing access token")
 	}
 	u, d, err := s.db.TokenOwner(ctx, hashToken(token))
 	if errors.Is(err, storage.ErrNotFound) {
-		return Caller{}, mxerr.UnknownToken("unknown or expired access token")
+		return matrixid.Caller{}, mxerr.UnknownToken("unknown or expired access token")
 	}
-	return Caller{UserID: u, DeviceID: d}, err
-}
-
-// AuthData is the "auth" member of a user-interactive request.
-type AuthData struct {
-	Type       string `json:"type"`
-	Session    string `json:"session"`
-	Password   string `json:"password"`
-	User       string `json:"user"` // deprecated form of identifier
-	Identifier *struct {
-		Type string `json:"type"`
-		User string `json:"user"`
-	} `json:"identifier"`
+	return matrixid.Caller{UserID: u, DeviceID: d}, err
 }
 
 // RegisterRequest is POST /register.
 type RegisterRequest struct {
-	Auth                     *AuthData `json:"auth"`
-	Username                 *string   `json:"username"`
-	Password                 *string   `json:"password"`
-	DeviceID                 *string   `json:"device_id"`
-	InitialDeviceDisplayName *string   `json:"initial_device_display_name"`
-	InhibitLogin             bool      `json:"inhibit_login"`
-	Kind                     string    `json:"-"` // ?kind=
-	IP                       string    `json:"-"`
+	Auth                     *matrixid.AuthData `json:"auth"`
+	Username                 *string            `json:"username"`
+	Password                 *string            `json:"password"`
+	DeviceID                 *string            `json:"device_id"`
+	InitialDeviceDisplayName *string            `json:"initial_device_display_name"`
+	InhibitLogin             bool               `json:"inhibit_login"`
+	Kind                     string             `json:"-"` // ?kind=
+	IP                       string             `json:"-"`
 }
 
 // LoginResponse is what /register and /login answer.
@@ -123,8 +104,8 @@ func (s *Service) Register(ctx context.Context, r RegisterRequest) (LoginRespons
 	if kind == "" {
 		kind = "user"
 	}
-	req := uiaRequest{Method: http.MethodPost, Path: "/register", Params: kind}
-	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*AuthData) error { return nil }); err != nil {
+	req := matrixid.AuthRequest{Method: http.MethodPost, Path: "/register", Params: kind}
+	if err := s.userInteractive(ctx, stageDummy, req, r.Auth, func(*matrixid.AuthData) error { return nil }); err != nil {
 		return LoginResponse{}, err
 	}
 	hash, err := s.hashPassword(ctx, *r.Password)
@@ -310,14 +291,14 @@ func errDeactivated() *mxerr.Error {
 }
 
 // Logout deletes the caller's device (and so its token and keys).
-func (s *Service) Logout(ctx context.Context, c Caller) error {
+func (s *Service) Logout(ctx context.Context, c matrixid.Caller) error {
 	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, []string{c.DeviceID})
 	s.localChange(ch)
 	return err
 }
 
 // LogoutAll deletes every device of the caller.
-func (s *Service) LogoutAll(ctx context.Context, c Caller) error {
+func (s *Service) LogoutAll(ctx context.Context, c matrixid.Caller) error {
 	_, ch, err := s.db.DeleteDevices(ctx, c.UserID, nil)
 	s.localChange(ch)
 	return err

@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"crypto/rand"
@@ -7,24 +7,8 @@ import (
 	"encoding/hex"
 	"strings"
 
-	"github.com/matrix-org/gomatrixserverlib/spec"
-
 	"github.com/keyserver/keyserver/internal/mxerr"
 )
-
-// ParseUserID checks that id is a Matrix user ID and returns its server
-// name. Historical localparts (any printable ASCII but ':', upper case
-// included) are allowed: other servers made them before the grammar was
-// narrowed, and the spec requires them to be accepted. Every user ID this
-// server reads from a client or another server goes through here; only the
-// IDs it creates itself follow the strict grammar (validLocalpart).
-func ParseUserID(id string) (server string, ok bool) {
-	u, err := spec.NewUserID(id, true)
-	if err != nil || u.Local() == "" {
-		return "", false
-	}
-	return string(u.Domain()), true
-}
 
 // validLocalpart is the grammar of new localparts: a-z 0-9 . _ = - / +.
 func validLocalpart(s string) bool {

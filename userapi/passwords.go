@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"

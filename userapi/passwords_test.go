@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 )
@@ -41,7 +42,7 @@ func TestPasswordPoolBoundsConcurrency(t *testing.T) {
 	s := newPasswordTestService(t, Options{RegistrationOpen: true, BcryptConcurrency: 2})
 	ctx := context.Background()
 	alice, pw := "alice", "pw-alice"
-	if _, err := s.Register(ctx, RegisterRequest{Username: &alice, Password: &pw, Auth: &AuthData{Type: stageDummy}, InhibitLogin: true}); err != nil {
+	if _, err := s.Register(ctx, RegisterRequest{Username: &alice, Password: &pw, Auth: &matrixid.AuthData{Type: stageDummy}, InhibitLogin: true}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -96,7 +97,7 @@ func TestFailedLoginLogged(t *testing.T) {
 	s := newPasswordTestService(t, Options{RegistrationOpen: true, Logger: log})
 	ctx := context.Background()
 	alice, pw := "alice", "correct horse"
-	if _, err := s.Register(ctx, RegisterRequest{Username: &alice, Password: &pw, Auth: &AuthData{Type: stageDummy}, InhibitLogin: true}); err != nil {
+	if _, err := s.Register(ctx, RegisterRequest{Username: &alice, Password: &pw, Auth: &matrixid.AuthData{Type: stageDummy}, InhibitLogin: true}); err != nil {
 		t.Fatal(err)
 	}
 	hook.Reset()

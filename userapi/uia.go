@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -18,29 +19,13 @@ const (
 	stagePassword = "m.login.password"
 )
 
-// uiaRequest is the request a user-interactive auth session is started for,
-// and the only one it may complete: a session started to delete one device
-// cannot delete another.
-type uiaRequest struct {
-	UserID string // the caller; "" for a registration
-	Method string
-	Path   string // without the API version prefix, e.g. "/devices/ABC"
-	// Params are the operation's parameters from the body, as a value
-	// whose JSON encoding is deterministic (structs, sorted slices).
-	Params any
-	// AlsoFrom, if not nil, is another request whose sessions may
-	// complete this one: a request that asks only whether auth is needed,
-	// before the client knows its parameters.
-	AlsoFrom *uiaRequest
-}
-
 // hash binds a session to the request. Only the hash is stored, since the
 // parameters may hold a secret (a new password); the session ID goes into
 // it so that equal requests of different sessions hash differently.
-func (r uiaRequest) hash(sessionID string) string {
+func requestHash(r matrixid.AuthRequest, sessionID string) string {
 	js, err := json.Marshal([]any{r.UserID, r.Method, r.Path, r.Params})
 	if err != nil {
-		panic("keyserver: user-interactive auth parameters do not marshal: " + err.Error())
+		panic("userapi: user-interactive auth parameters do not marshal: " + err.Error())
 	}
 	h := sha256.New()
 	h.Write([]byte(sessionID))
@@ -62,7 +47,7 @@ func (f stageFailed) Error() string { return f.cause.Error() }
 // once, as clients completing the flow in one request expect. attempt
 // checks the stage: a stageFailed repeats the challenge. A completed
 // session is deleted, so it completes one request only.
-func (s *Service) userInteractive(ctx context.Context, stage string, req uiaRequest, auth *AuthData, attempt func(*AuthData) error) error {
+func (s *Service) userInteractive(ctx context.Context, stage string, req matrixid.AuthRequest, auth *matrixid.AuthData, attempt func(*matrixid.AuthData) error) error {
 	if auth == nil {
 		return s.challenge(ctx, stage, req, "", nil)
 	}
@@ -75,8 +60,8 @@ func (s *Service) userInteractive(ctx context.Context, stage string, req uiaRequ
 		if err != nil {
 			return err
 		}
-		bound := sess.RequestHash == req.hash(session) ||
-			(req.AlsoFrom != nil && sess.RequestHash == req.AlsoFrom.hash(session))
+		bound := sess.RequestHash == requestHash(req, session) ||
+			(req.AlsoFrom != nil && sess.RequestHash == requestHash(*req.AlsoFrom, session))
 		if sess.UserID != req.UserID || !bound {
 			return mxerr.Forbidden("this user-interactive auth session was started for another request")
 		}
@@ -108,12 +93,12 @@ func (s *Service) userInteractive(ctx context.Context, stage string, req uiaRequ
 // challenge answers 401 with the flow of stage and the session, repeating
 // it with cause as the error when cause is not nil. Without a session a new
 // one is stored, bound to req.
-func (s *Service) challenge(ctx context.Context, stage string, req uiaRequest, session string, cause *mxerr.Error) error {
+func (s *Service) challenge(ctx context.Context, stage string, req matrixid.AuthRequest, session string, cause *mxerr.Error) error {
 	if session == "" {
 		session = newSessionID()
 		now := s.now()
 		err := s.db.CreateUIASession(ctx, storage.UIASession{
-			ID: session, UserID: req.UserID, RequestHash: req.hash(session),
+			ID: session, UserID: req.UserID, RequestHash: requestHash(req, session),
 			ExpiresTS: now.Add(s.opts.UIASessionLifetime).UnixMilli(),
 		}, now.UnixMilli())
 		if err != nil {
@@ -134,10 +119,17 @@ func (s *Service) challenge(ctx context.Context, stage string, req uiaRequest, s
 	return e
 }
 
+// ConfirmPassword runs the password stage of user-interactive auth for
+// req, a request of the caller's made elsewhere (a change of cross-signing
+// keys): nil once the caller gave their password.
+func (s *Service) ConfirmPassword(ctx context.Context, c matrixid.Caller, req matrixid.AuthRequest, auth *matrixid.AuthData) error {
+	return s.userInteractive(ctx, stagePassword, req, auth, s.passwordStage(ctx, c))
+}
+
 // passwordStage checks the m.login.password stage for the caller: auth
 // naming another user is forbidden; a wrong password fails the stage.
-func (s *Service) passwordStage(ctx context.Context, c Caller) func(*AuthData) error {
-	return func(auth *AuthData) error {
+func (s *Service) passwordStage(ctx context.Context, c matrixid.Caller) func(*matrixid.AuthData) error {
+	return func(auth *matrixid.AuthData) error {
 		user := auth.User
 		if auth.Identifier != nil {
 			if auth.Identifier.Type != "m.id.user" {

@@ -1,4 +1,4 @@
-package keyserver
+package userapi
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"slices"
 	"unicode/utf8"
 
+	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -33,7 +34,7 @@ func deviceInfo(d storage.Device) DeviceInfo {
 }
 
 // Devices lists the caller's devices.
-func (s *Service) Devices(ctx context.Context, c Caller) ([]DeviceInfo, error) {
+func (s *Service) Devices(ctx context.Context, c matrixid.Caller) ([]DeviceInfo, error) {
 	ds, err := s.db.Devices(ctx, c.UserID)
 	if err != nil {
 		return nil, err
@@ -46,7 +47,7 @@ func (s *Service) Devices(ctx context.Context, c Caller) ([]DeviceInfo, error) {
 }
 
 // Device returns one of the caller's devices.
-func (s *Service) Device(ctx context.Context, c Caller, deviceID string) (DeviceInfo, error) {
+func (s *Service) Device(ctx context.Context, c matrixid.Caller, deviceID string) (DeviceInfo, error) {
 	d, err := s.db.Device(ctx, c.UserID, deviceID)
 	if errors.Is(err, storage.ErrNotFound) {
 		return DeviceInfo{}, mxerr.NotFound("unknown device")
@@ -55,7 +56,7 @@ func (s *Service) Device(ctx context.Context, c Caller, deviceID string) (Device
 }
 
 // RenameDevice sets a device's display name; nil leaves it as it is.
-func (s *Service) RenameDevice(ctx context.Context, c Caller, deviceID string, name *string) error {
+func (s *Service) RenameDevice(ctx context.Context, c matrixid.Caller, deviceID string, name *string) error {
 	if err := checkDisplayName(name); err != nil {
 		return err
 	}
@@ -74,23 +75,23 @@ func (s *Service) RenameDevice(ctx context.Context, c Caller, deviceID string, n
 // DeleteDevice deletes one device of the caller (DELETE /devices/{id})
 // after a password stage of user-interactive auth. A device that does not
 // exist is ignored.
-func (s *Service) DeleteDevice(ctx context.Context, c Caller, deviceID string, auth *AuthData) error {
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodDelete, Path: "/devices/" + deviceID}
+func (s *Service) DeleteDevice(ctx context.Context, c matrixid.Caller, deviceID string, auth *matrixid.AuthData) error {
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodDelete, Path: "/devices/" + deviceID}
 	return s.deleteDevices(ctx, c, []string{deviceID}, req, auth)
 }
 
 // DeleteDevices deletes devices of the caller (POST /delete_devices) after
 // a password stage of user-interactive auth. Devices that do not exist are
 // ignored.
-func (s *Service) DeleteDevices(ctx context.Context, c Caller, deviceIDs []string, auth *AuthData) error {
+func (s *Service) DeleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, auth *matrixid.AuthData) error {
 	// The session is bound to the set of devices, in any order.
 	set := slices.Clone(deviceIDs)
 	slices.Sort(set)
-	req := uiaRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/delete_devices", Params: slices.Compact(set)}
+	req := matrixid.AuthRequest{UserID: c.UserID, Method: http.MethodPost, Path: "/delete_devices", Params: slices.Compact(set)}
 	return s.deleteDevices(ctx, c, deviceIDs, req, auth)
 }
 
-func (s *Service) deleteDevices(ctx context.Context, c Caller, deviceIDs []string, req uiaRequest, auth *AuthData) error {
+func (s *Service) deleteDevices(ctx context.Context, c matrixid.Caller, deviceIDs []string, req matrixid.AuthRequest, auth *matrixid.AuthData) error {
 	if err := s.userInteractive(ctx, stagePassword, req, auth, s.passwordStage(ctx, c)); err != nil {
 		return err
 	}
