@@ -354,8 +354,9 @@ var empty = struct{}{}
 // versions answers /versions. unstable_features names the features
 // served that clients look for there: cross-signing (MSC1756: Element
 // sets it up at registration only when this is listed, and calls its
-// endpoints under unstable) and dehydrated devices (MSC3814). The older
-// dehydration of MSC2697 is not served, so not named.
+// endpoints under unstable), dehydrated devices (MSC3814) and
+// authenticated media (MSC3916). The older dehydration of MSC2697 is not
+// served, so not named.
 func (a *API) versions(r *http.Request) (any, error) {
 	features := map[string]bool{"org.matrix.e2e_cross_signing": true}
 	if a.opts.Dehydrated != nil {

@@ -91,7 +91,7 @@ func TestVersionsUnstableFeatures(t *testing.T) {
 	srv := testutil.NewServer(t, testutil.SQLite(t), testutil.ServerOptions{})
 	body := srv.Must(t, "GET", "/_matrix/client/versions", "", nil)
 	features, _ := body["unstable_features"].(map[string]any)
-	want := map[string]any{"org.matrix.e2e_cross_signing": true, "org.matrix.msc3814": true}
+	want := map[string]any{"org.matrix.e2e_cross_signing": true, "org.matrix.msc3814": true, "org.matrix.msc3916.stable": true}
 	if len(features) != len(want) {
 		t.Fatalf("unstable_features %v, want %v", features, want)
 	}
