@@ -128,7 +128,7 @@ func TestDeactivate(t *testing.T) {
 			defer wg.Done()
 			waited = srv.Do(t, "GET", acctV3+"/sync?timeout=20000&since="+since, bob.Token, nil)
 		}()
-		testutil.Eventually(t, "bob's /sync to wait", func() bool { return srv.Service.WaitingSyncs() == 1 })
+		testutil.Eventually(t, "bob's /sync to wait", func() bool { return srv.Parts.Sync.WaitingSyncs() == 1 })
 
 		session := acctExpectChallenge(t, srv.Do(t, "POST", path, alice.Token, map[string]any{}), "m.login.password")
 		r := srv.Do(t, "POST", path, alice.Token, map[string]any{"auth": acctPasswordAuth("alice", "wrong", session)})

@@ -203,7 +203,7 @@ func TestAccountDataWakesWaitingSync(t *testing.T) {
 		go func() {
 			bobSync <- srv.Do(t, "GET", "/_matrix/client/v3/sync?timeout=1500&since="+bobSince, bob.Token, nil)
 		}()
-		waitFor(t, "both syncs to wait", func() bool { return srv.Service.WaitingSyncs() == 2 })
+		waitFor(t, "both syncs to wait", func() bool { return srv.Parts.Sync.WaitingSyncs() == 2 })
 
 		// Neither wakes for good on a room's change: if alice's did, its
 		// answer would lack the global change that follows.

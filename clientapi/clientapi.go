@@ -35,6 +35,7 @@ import (
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
 	"github.com/keyserver/keyserver/userapi"
@@ -96,6 +97,7 @@ type Options struct {
 type API struct {
 	accounts Accounts
 	keys     Keys
+	syncs    Sync // /sync and /keys/changes
 	opts     Options
 }
 
@@ -107,14 +109,14 @@ var specVersions = []string{
 }
 
 // NewHandler returns the client API's HTTP handler.
-func NewHandler(accounts Accounts, keys Keys, opts Options) http.Handler {
+func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Handler {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = 1 << 20
 	}
 	if opts.Logger == nil {
 		opts.Logger = logrus.StandardLogger()
 	}
-	a := &API{accounts: accounts, keys: keys, opts: opts}
+	a := &API{accounts: accounts, keys: keys, syncs: sync, opts: opts}
 	r, rooms := newRouter(), newRouter()
 
 	r.Handle("/_matrix/client/versions", a.public(a.versions)).Methods(http.MethodGet)
@@ -147,7 +149,7 @@ func NewHandler(accounts Accounts, keys Keys, opts Options) http.Handler {
 	e2e.Handle("/keys/changes", a.authed(a.keyChanges)).Methods(http.MethodGet)
 	e2e.Handle("/keys/device_signing/upload", a.authed(a.uploadSigningKeys)).Methods(http.MethodPost)
 	e2e.Handle("/keys/signatures/upload", a.authed(a.uploadSignatures)).Methods(http.MethodPost)
-	s.Handle("/sync", a.waits(keys.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
+	s.Handle("/sync", a.waits(sync.SyncMaxWait(), http.HandlerFunc(a.sync))).Methods(http.MethodGet)
 	a.keyBackupRoutes(e2e)
 	a.accountDataRoutes(s)
 	a.pushRuleRoutes(s)
@@ -579,7 +581,7 @@ func (a *API) claimKeys(r *http.Request, c matrixid.Caller) (any, error) {
 
 func (a *API) keyChanges(r *http.Request, c matrixid.Caller) (any, error) {
 	q := r.URL.Query()
-	return a.keys.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
+	return a.syncs.KeyChanges(r.Context(), c, q.Get("from"), q.Get("to"))
 }
 
 // sync answers /sync. A request that may wait for news parks when it can
@@ -605,10 +607,10 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 		timeout = time.Duration(min(ms, int64(24*time.Hour/time.Millisecond))) * time.Millisecond
 	}
 	since := q.Get("since")
-	o := keyserver.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"}
-	if wait := min(timeout, a.keys.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
+	o := syncapi.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"}
+	if wait := min(timeout, a.syncs.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
 		pw := a.opts.Parker.NewWaiter()
-		job := &syncJob{ks: a.keys, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),
+		job := &syncJob{sync: a.syncs, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),
 			wake: func(e syncnotify.Event) { pw.Wake(e != syncnotify.StreamEvent) }}
 		pw.Wake(false) // the first read, as soon as a worker is free
 		if pw.Park(w, r, wait, job, func() func(int) { return httpx.Detach(w) }) == nil {
@@ -617,28 +619,28 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 		// The connection could not be taken over (the server shuts
 		// down): answer the ordinary way.
 	}
-	res, err := a.keys.Sync(r.Context(), c, since, timeout, o)
+	res, err := a.syncs.Sync(r.Context(), c, since, timeout, o)
 	respond(w, r, res, err)
 }
 
 // syncJob answers a parked /sync request.
 type syncJob struct {
-	ks      Keys
+	sync    Sync
 	c       matrixid.Caller
 	since   string
 	timeout time.Duration
-	o       keyserver.SyncOptions
+	o       syncapi.SyncOptions
 	log     logrus.FieldLogger
 	wake    func(syncnotify.Event)
-	w       *keyserver.SyncWaiter // after the first read found nothing
+	w       *syncapi.SyncWaiter // after the first read found nothing
 }
 
 func (j *syncJob) Answer(ctx context.Context, w http.ResponseWriter, final bool) bool {
-	var res keyserver.SyncResponse
+	var res syncapi.SyncResponse
 	var err error
 	switch {
 	case j.w == nil:
-		if res, j.w, err = j.ks.SyncOrWait(ctx, j.c, j.since, j.timeout, j.o, j.wake); err == nil && j.w != nil {
+		if res, j.w, err = j.sync.SyncOrWait(ctx, j.c, j.since, j.timeout, j.o, j.wake); err == nil && j.w != nil {
 			if !final {
 				return false
 			}

@@ -177,7 +177,7 @@ func syncAsync(t *testing.T, srv *testutil.Server, u *testutil.User, since strin
 	go func() {
 		ch <- srv.Do(t, "GET", "/_matrix/client/v3/sync?timeout=30000&since="+since, u.Token, nil)
 	}()
-	waitFor(t, "the sync to wait", func() bool { return srv.Service.WaitingSyncs() >= waiting })
+	waitFor(t, "the sync to wait", func() bool { return srv.Parts.Sync.WaitingSyncs() >= waiting })
 	return ch
 }
 
@@ -256,7 +256,7 @@ func TestSync(t *testing.T) {
 		ch = syncAsync(t, srv, alice, got.Body["next_batch"].(string), 1)
 		srv.Parts.ReleaseWaiting()
 		receive(t, ch)
-		if n := srv.Service.WaitingSyncs(); n != 0 {
+		if n := srv.Parts.Sync.WaitingSyncs(); n != 0 {
 			t.Fatalf("%d syncs still waiting", n)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/userapi"
 )
@@ -31,21 +32,26 @@ type Accounts interface {
 	Ready(ctx context.Context) error
 }
 
+// Sync is what the client API asks of /sync and /keys/changes (package
+// syncapi).
+type Sync interface {
+	KeyChanges(ctx context.Context, c matrixid.Caller, from, to string) (syncapi.ChangesResponse, error)
+	Sync(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o syncapi.SyncOptions) (syncapi.SyncResponse, error)
+	SyncOrWait(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o syncapi.SyncOptions, wake func(syncnotify.Event)) (syncapi.SyncResponse, *syncapi.SyncWaiter, error)
+	// SyncMaxWait is the longest a /sync request waits for news.
+	SyncMaxWait() time.Duration
+}
+
 // Keys is what the client API asks of end-to-end keys, cross-signing and
-// device lists, /sync included (package keyserver).
+// device lists (package keyserver).
 type Keys interface {
 	UploadKeys(ctx context.Context, c matrixid.Caller, r keyserver.UploadRequest) (keyserver.UploadResponse, error)
 	QueryKeys(ctx context.Context, c matrixid.Caller, r keyserver.QueryRequest) (keyserver.QueryResponse, error)
 	ClaimKeys(ctx context.Context, c matrixid.Caller, r keyserver.ClaimRequest) (keyserver.ClaimResponse, error)
-	KeyChanges(ctx context.Context, c matrixid.Caller, from, to string) (keyserver.ChangesResponse, error)
 	UploadSigningKeys(ctx context.Context, c matrixid.Caller, r keyserver.SigningKeysUpload) error
 	UploadSignatures(ctx context.Context, c matrixid.Caller, body map[string]map[string]json.RawMessage) (keyserver.SignaturesUploadResponse, error)
 	// RemoteMaxWait is the longest a request waits for other servers.
 	RemoteMaxWait() time.Duration
-	Sync(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o keyserver.SyncOptions) (keyserver.SyncResponse, error)
-	SyncOrWait(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o keyserver.SyncOptions, wake func(syncnotify.Event)) (keyserver.SyncResponse, *keyserver.SyncWaiter, error)
-	// SyncMaxWait is the longest a /sync request waits for news.
-	SyncMaxWait() time.Duration
 	// SetMembership records a membership for the admin API.
 	SetMembership(ctx context.Context, roomID, userID, membership string) error
 }

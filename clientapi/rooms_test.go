@@ -646,9 +646,9 @@ func TestRoomMessageWakesSyncOnOtherDaemon(t *testing.T) {
 		return done
 	}
 	carolDone := wait(carol)
-	testutil.Eventually(t, "carol's /sync to wait", func() bool { return a2.Service.WaitingSyncs() == 1 })
+	testutil.Eventually(t, "carol's /sync to wait", func() bool { return a2.Parts.Sync.WaitingSyncs() == 1 })
 	bobDone := wait(bob)
-	testutil.Eventually(t, "bob's /sync to wait", func() bool { return a2.Service.WaitingSyncs() == 2 })
+	testutil.Eventually(t, "bob's /sync to wait", func() bool { return a2.Parts.Sync.WaitingSyncs() == 2 })
 	// a2 may not listen yet: messages go until one is heard.
 	var woken testutil.Response
 	for i := 0; woken.Status == 0; i++ {
@@ -671,7 +671,7 @@ func TestRoomMessageWakesSyncOnOtherDaemon(t *testing.T) {
 		t.Fatalf("carol's sync woke for a room she is not in: %s", r.Raw)
 	default:
 	}
-	if n := a2.Service.WaitingSyncs(); n != 1 {
+	if n := a2.Parts.Sync.WaitingSyncs(); n != 1 {
 		t.Fatalf("%d syncs waiting on a2, want carol's", n)
 	}
 }

@@ -184,7 +184,7 @@ func TestSendToDeviceWakesSync(t *testing.T) {
 			_ = json.Unmarshal(raw, &ev)
 			done <- result{ev, time.Since(start)}
 		}()
-		testutil.Eventually(t, "bob's /sync to wait", func() bool { return srv.Service.WaitingSyncs() == 1 })
+		testutil.Eventually(t, "bob's /sync to wait", func() bool { return srv.Parts.Sync.WaitingSyncs() == 1 })
 		srv.Must(t, "PUT", sendToDevicePath("m.test", "w1"), alice.Token,
 			map[string]any{"messages": map[string]any{bob.UserID: map[string]any{"BOB1": map[string]any{"n": 1}}}})
 		r := <-done

@@ -162,7 +162,7 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 				go func() {
 					waiting <- a.Do(t, "GET", clientV3+"/sync?timeout=20000&since="+url.QueryEscape(since), alice.Token, nil)
 				}()
-				eventually(t, "alice's /sync to wait", func() bool { return a.Service.WaitingSyncs() > 0 })
+				eventually(t, "alice's /sync to wait", func() bool { return a.Parts.Sync.WaitingSyncs() > 0 })
 				start := time.Now()
 				joinVia(t, bn, bob, roomID, a)
 				r := <-waiting

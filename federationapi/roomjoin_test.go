@@ -131,7 +131,7 @@ func TestRemoteInviteAndJoin(t *testing.T) {
 		go func() {
 			done <- p.a.Do(t, "GET", "/_matrix/client/v3/sync?timeout=10000&since="+url.QueryEscape(aliceSince), p.alice.Token, nil)
 		}()
-		eventually(t, "alice's sync to wait", func() bool { return p.a.Service.WaitingSyncs() == 1 })
+		eventually(t, "alice's sync to wait", func() bool { return p.a.Parts.Sync.WaitingSyncs() == 1 })
 		second := p.b.Login(t, p.bob, "BOB2")
 		p.b.Upload(t, second, map[string]any{"device_keys": second.DeviceKeys(t)})
 		select {

@@ -250,7 +250,7 @@ func TestSharedDatabaseWakesSync(t *testing.T) {
 	go func() {
 		done <- a2.Do(t, "GET", "/_matrix/client/v3/sync?timeout=20000&since="+since, alice.Token, nil)
 	}()
-	eventually(t, "the sync to wait", func() bool { return a2.Service.WaitingSyncs() == 1 })
+	eventually(t, "the sync to wait", func() bool { return a2.Parts.Sync.WaitingSyncs() == 1 })
 	// a2 has bob's (still keyless) device list cached...
 	if got := deviceIDs(t, a2, alice, bob.UserID); len(got) != 0 {
 		t.Fatalf("bob has keys before uploading any: %v", got)

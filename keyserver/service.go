@@ -22,8 +22,7 @@ import (
 // Options are the settings the domain needs.
 type Options struct {
 	ServerName     string
-	MaxOneTimeKeys int           // unclaimed one-time keys a device may hold
-	SyncMaxTimeout time.Duration // cap on a /sync long-poll
+	MaxOneTimeKeys int // unclaimed one-time keys a device may hold
 	// Federation reaches other servers; nil answers remote users with a
 	// failure and sends nothing.
 	Federation Federation
@@ -36,11 +35,10 @@ type Options struct {
 	// StaleLists is the updater of remote device lists, woken when users
 	// are marked stale; nil: none.
 	StaleLists StaleLists
-	// Notifier wakes waiting /sync requests; nil: one of the service's
-	// own. The server shares one with the domains that write the stream.
+	// Notifier wakes the waiting /sync requests a change concerns; nil:
+	// one of the service's own. The server shares one with the domains
+	// that write the stream and with package syncapi.
 	Notifier *syncnotify.Notifier
-	// Rooms gives /sync its rooms part; nil: /sync has none.
-	Rooms RoomsSource
 	// UntrackedCacheTTL is how long a remote device list is trusted when
 	// no local user shares a room with its user (so no updates arrive).
 	UntrackedCacheTTL time.Duration
@@ -51,17 +49,6 @@ type Options struct {
 	DeviceNamesOverFederation bool
 	Logger                    logrus.FieldLogger
 	Now                       func() time.Time // the clock; time.Now when nil
-
-	// AccountData gives /sync the account data changes; nil: /sync has no
-	// account_data section.
-	AccountData AccountDataSource
-
-	// ToDevice gives /sync the devices' to-device messages; nil: /sync has
-	// no to_device section.
-	ToDevice ToDeviceInbox
-	// Unread gives /sync the joined rooms' unread notification counts;
-	// nil: none are shown.
-	Unread UnreadCounter
 
 	// LaxKeyValidation checks only the shape of uploaded keys, not their
 	// signatures or key values (keys.strict_validation: false); the zero
@@ -96,7 +83,6 @@ type Service struct {
 	notifier *syncnotify.Notifier
 	log      logrus.FieldLogger
 	now      func() time.Time
-	rooms    RoomsSource // nil: /sync has no rooms part
 }
 
 // New makes a Service.
@@ -110,9 +96,6 @@ func New(db storage.Database, opts Options) *Service {
 	if opts.MaxOneTimeKeys <= 0 {
 		opts.MaxOneTimeKeys = 500
 	}
-	if opts.SyncMaxTimeout <= 0 {
-		opts.SyncMaxTimeout = time.Minute
-	}
 	if opts.SendWait <= 0 {
 		opts.SendWait = 10 * time.Second
 	}
@@ -120,7 +103,7 @@ func New(db storage.Database, opts Options) *Service {
 		opts.UntrackedCacheTTL = time.Minute
 	}
 	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: opts.Notifier, log: opts.Logger, now: opts.Now,
-		rooms: opts.Rooms, sender: opts.Outbound, updater: opts.StaleLists}
+		sender: opts.Outbound, updater: opts.StaleLists}
 	if s.notifier == nil {
 		s.notifier = syncnotify.New()
 	}
@@ -141,9 +124,6 @@ func (s *Service) logger(ctx context.Context) logrus.FieldLogger { return reqlog
 
 // ServerName is the server's name.
 func (s *Service) ServerName() string { return s.opts.ServerName }
-
-// WaitingSyncs counts the users with a /sync request waiting for news.
-func (s *Service) WaitingSyncs() int { return s.notifier.Waiting() }
 
 // localChange follows a committed change of a local user's device list:
 // the waiters it concerns are told, and the updates queued for other

@@ -104,7 +104,7 @@ func TestStartRestartShutdown(t *testing.T) {
 			done <- resp.StatusCode
 		}()
 		deadline := time.Now().Add(10 * time.Second)
-		for d.Service().WaitingSyncs() == 0 {
+		for d.Server().Sync.WaitingSyncs() == 0 {
 			if time.Now().After(deadline) {
 				t.Fatal("sync never waited")
 			}

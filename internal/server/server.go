@@ -7,8 +7,8 @@
 // wakes waiting /sync requests and the signals of the background workers
 // (changes), which the domains that write the stream are given; then the
 // rooms, the to-device messages, accounts and the other domains; then the
-// keys domain, which reads from them; then the router of other servers'
-// transactions; then the HTTP handlers. No part is
+// keys domain; then /sync (package syncapi), which reads from them; then
+// the router of other servers' transactions; then the HTTP handlers. No part is
 // handed another after it was built.
 package server
 
@@ -51,6 +51,7 @@ import (
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
+	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
 	"github.com/keyserver/keyserver/userapi"
@@ -112,10 +113,13 @@ type Server struct {
 	Profiles    *profile.Service
 	PublicRooms *publicrooms.Service
 	ToDevice    *todevice.Service
-	Dehydrated  *dehydrated.Service
-	PushRules   *pushrules.Service
-	Pushers     *pusher.Service
-	Media       *media.Service
+	AccountData *accountdata.Service
+	// Sync assembles /sync and answers /keys/changes.
+	Sync       *syncapi.Service
+	Dehydrated *dehydrated.Service
+	PushRules  *pushrules.Service
+	Pushers    *pusher.Service
+	Media      *media.Service
 	// Transactions routes other servers' transactions to the domains.
 	Transactions *fedrouter.Router
 	// Parker holds parked /sync connections (nil without
@@ -182,12 +186,9 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	*t.Keys = keyserver.Options{
 		ServerName:                cfg.ServerName,
 		MaxOneTimeKeys:            cfg.ClientAPI.MaxOneTimeKeysPerDevice,
-		SyncMaxTimeout:            cfg.ClientAPI.SyncMaxTimeout.Duration(),
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
 		LaxKeyValidation:          !cfg.Keys.StrictValidation,
 		SendWait:                  cfg.Federation.SendWait.Duration(),
-		AccountData:               store,
-		ToDevice:                  store,
 		Logger:                    log,
 		Now:                       o.Now,
 		Notifier:                  s.Notifier,
@@ -212,9 +213,8 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Pushers = pusher.New(store, pusher.Options{ServerName: cfg.ServerName, Rules: s.PushRules,
 		AddressPolicy: t.Federation.AddressPolicy, MinBackoff: cfg.Push.MinBackoff.Duration(),
 		MaxBackoff: cfg.Push.MaxBackoff.Duration(), Timeout: cfg.Push.RequestTimeout.Duration(), Logger: log})
-	t.Keys.Unread = s.Pushers
 
-	// The domains the keys domain reads from.
+	// The domains /sync reads from.
 	ro := roomserver.Options{ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
 		Sink: roomserver.Sinks{s.Pushers, ch}, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
 	var profileRemote profile.Remote
@@ -239,10 +239,14 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	t.Users.Changes = ch
 	s.Users = userapi.New(store, *t.Users)
 
-	// The keys domain.
+	s.AccountData = accountdata.New(store, ch.StreamAdvanced)
+
+	// The keys domain, then /sync, which reads from it and the others.
 	t.Keys.Passwords = s.Users
-	t.Keys.Rooms = s.Rooms
 	s.Keys = keyserver.New(store, *t.Keys)
+	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
+		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
+		Rooms: s.Rooms, Unread: s.Pushers})
 	if o.Federated {
 		s.Updater = updater.New(store, s.Keys.ResyncStale, *t.Updater)
 	}
@@ -260,7 +264,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		s.push(s.Parker.Shutdown)
 	}
 	turn := cfg.ClientAPI.TURN
-	s.Client = clientapi.NewHandler(s.Users, s.Keys, clientapi.Options{
+	s.Client = clientapi.NewHandler(s.Users, s.Keys, s.Sync, clientapi.Options{
 		MaxRequestBytes: cfg.ClientAPI.MaxRequestBytes,
 		AdminToken:      cfg.AdminToken,
 		RateLimit:       ratelimit.New(float64(cfg.ClientAPI.RateLimitPerSecond), cfg.ClientAPI.RateLimitBurst, nil),
@@ -270,7 +274,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		RegisterLimit:   limiter(cfg.ClientAPI.RegistrationRateLimit, o.Now),
 		Logger:          log,
 		KeyBackup:       keybackup.New(store, log, keybackup.Options{LaxAuthData: !cfg.Keys.StrictValidation}),
-		AccountData:     accountdata.New(store, ch.StreamAdvanced),
+		AccountData:     s.AccountData,
 		PushRules:       s.PushRules,
 		Pushers:         s.Pushers,
 		PublicRooms:     s.PublicRooms,

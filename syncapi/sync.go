@@ -1,7 +1,15 @@
-package keyserver
+// Package syncapi assembles /sync and answers /keys/changes: it reads the
+// stream once per answer, puts the parts together from narrow sources
+// declared here (the keys domain's device lists and key counts, the
+// to-device inbox, account data, rooms and their unread counts), hands
+// out and reads back the stream tokens, and lets requests with nothing
+// to answer yet wait for news (package syncnotify wakes them).
+package syncapi
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/keyserver/keyserver/internal/matrixid"
@@ -12,7 +20,95 @@ import (
 	"github.com/keyserver/keyserver/syncnotify"
 )
 
-// ChangesResponse is the answer to /keys/changes.
+// Store is the read of the stream (package sqlstore): one statement per
+// answer, so that every part comes from the same snapshot.
+type Store interface {
+	SyncData(ctx context.Context, q storage.SyncQuery) (storage.SyncData, error)
+}
+
+// KeyStream is the keys domain's part of /sync and /keys/changes
+// (keyserver.Service).
+type KeyStream interface {
+	// DeviceListChanges returns whose device lists changed in (from, to],
+	// to capped at the stream's position, among the users userID shares a
+	// room with.
+	DeviceListChanges(ctx context.Context, userID string, from, to storage.StreamPos) (storage.DeviceListChanges, error)
+	// SyncKeys returns the device_lists, device_one_time_keys_count and
+	// device_unused_fallback_key_types parts of an answer from what d
+	// holds.
+	SyncKeys(d *storage.SyncData) (lists storage.DeviceListChanges, oneTimeKeyCounts map[string]int, unusedFallbackKeyTypes []string)
+}
+
+// ToDevice is the to-device part of /sync (todevice.Service).
+type ToDevice interface {
+	// SyncLimit is the most messages one answer carries.
+	SyncLimit() int
+	// SyncSection returns the to_device part of an answer at pos made of
+	// msgs, and the position up to which it delivers them.
+	SyncSection(pos storage.StreamPos, msgs []storage.ToDeviceMessage) (section any, delivered storage.StreamPos)
+	// AckDelivered deletes the device's messages at or before upTo.
+	AckDelivered(ctx context.Context, userID, deviceID string, upTo storage.StreamPos) error
+}
+
+// AccountData is the account-data part of /sync (accountdata.Service).
+type AccountData interface {
+	// SyncSection returns the account_data part of an answer from the
+	// changes of its range.
+	SyncSection(changes []storage.AccountData) any
+	// SyncNews reports whether d holds account data news for a waiting
+	// request, room account data counting when /sync shows rooms.
+	SyncNews(d *storage.SyncData, withRooms bool) bool
+}
+
+// Options are the sources and settings of /sync.
+type Options struct {
+	// Keys gives the device lists and key counts; required.
+	Keys KeyStream
+	// Notifier wakes waiting requests; nil: one of the service's own. The
+	// server shares one with the domains that write the stream.
+	Notifier *syncnotify.Notifier
+	// MaxTimeout caps a /sync long-poll (default a minute).
+	MaxTimeout time.Duration
+	// AccountData gives the account_data section; nil: none.
+	AccountData AccountData
+	// ToDevice gives the to_device section; nil: none.
+	ToDevice ToDevice
+	// Rooms gives the rooms section; nil: none.
+	Rooms RoomsSource
+	// Unread gives the joined rooms' unread notification counts; nil:
+	// none are shown.
+	Unread UnreadCounter
+}
+
+// Service assembles /sync and answers /keys/changes.
+type Service struct {
+	db       Store
+	opts     Options
+	keys     KeyStream
+	notifier *syncnotify.Notifier
+	rooms    RoomsSource // nil: /sync has no rooms part
+}
+
+// New makes a Service.
+func New(db Store, opts Options) *Service {
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = time.Minute
+	}
+	s := &Service{db: db, opts: opts, keys: opts.Keys, notifier: opts.Notifier, rooms: opts.Rooms}
+	if s.notifier == nil {
+		s.notifier = syncnotify.New()
+	}
+	return s
+}
+
+// SyncMaxWait is the longest a /sync request waits for news.
+func (s *Service) SyncMaxWait() time.Duration { return s.opts.MaxTimeout }
+
+// WaitingSyncs counts the users with a /sync request waiting for news.
+func (s *Service) WaitingSyncs() int { return s.notifier.Waiting() }
+
+// ChangesResponse is the answer to /keys/changes, and the device_lists
+// part of /sync.
 type ChangesResponse struct {
 	Changed []string `json:"changed"`
 	Left    []string `json:"left"`
@@ -35,39 +131,33 @@ func (s *Service) KeyChanges(ctx context.Context, c matrixid.Caller, from, to st
 	if err != nil {
 		return ChangesResponse{}, err
 	}
-	// "to" may lie beyond what has happened yet; it is only a bound.
-	cur, err := s.db.CurrentPos(ctx)
-	if err != nil {
-		return ChangesResponse{}, err
-	}
-	toPos = min(toPos, cur)
-	ch, err := s.db.DeviceListChanges(ctx, c.UserID, fromPos, toPos)
+	ch, err := s.keys.DeviceListChanges(ctx, c.UserID, fromPos, toPos)
 	if err != nil {
 		return ChangesResponse{}, err
 	}
 	return ChangesResponse{Changed: ch.Changed, Left: ch.Left}, nil
 }
 
-// SyncResponse is the end-to-end part of /sync.
+// SyncResponse is a /sync answer.
 type SyncResponse struct {
 	NextBatch                    string           `json:"next_batch"`
 	DeviceLists                  *ChangesResponse `json:"device_lists,omitempty"`
 	DeviceOneTimeKeysCount       map[string]int   `json:"device_one_time_keys_count"`
 	DeviceUnusedFallbackKeyTypes []string         `json:"device_unused_fallback_key_types"`
 	// AccountData is present when the service has an account data source.
-	AccountData *AccountDataSection `json:"account_data,omitempty"`
+	AccountData any `json:"account_data,omitempty"`
 	// ToDevice is present when the service keeps to-device messages.
-	ToDevice *ToDeviceSection `json:"to_device,omitempty"`
-	// Rooms is present when the service has rooms (see syncrooms.go).
+	ToDevice any `json:"to_device,omitempty"`
+	// Rooms is present when the service has rooms (see rooms.go).
 	Rooms *roomserver.SyncRooms `json:"rooms,omitempty"`
 }
 
 // Sync answers /sync. Without since it returns the current state at once.
 // With since it returns the device-list and account data changes after
-// it (see accountdata.go), waiting up to timeout for one to happen if
-// there is none yet; it also returns early when the caller's own key
-// counts change (a key was claimed). It also delivers the device's
-// to-device messages (see todevice.go), and ends the wait for them.
+// it, waiting up to timeout for one to happen if there is none yet; it
+// also returns early when the caller's own key counts change (a key was
+// claimed). It also delivers the device's to-device messages, and ends
+// the wait for them.
 // Waiting is driven by the notifier: the database is read again only
 // when something was written. Each read is one statement (SyncData),
 // which has every part of the answer but the rooms' timelines: a woken
@@ -108,13 +198,13 @@ func (s *Service) syncBegin(ctx context.Context, c matrixid.Caller, since string
 		}
 		// The token says the device got its messages up to acked: they go.
 		if p.acked = min(p.acked, p.sincePos); p.acked > 0 && s.opts.ToDevice != nil {
-			if err := s.opts.ToDevice.AckToDevice(ctx, c.UserID, c.DeviceID, p.acked); err != nil {
+			if err := s.opts.ToDevice.AckDelivered(ctx, c.UserID, c.DeviceID, p.acked); err != nil {
 				return p, err
 			}
 		}
 	}
 	if since != "" {
-		p.timeout = min(max(timeout, 0), s.opts.SyncMaxTimeout)
+		p.timeout = min(max(timeout, 0), s.opts.MaxTimeout)
 	}
 	return p, nil
 }
@@ -212,8 +302,11 @@ func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental
 // is built only when there is news (the request waits on otherwise).
 // A since beyond the stream's position is moved back to it.
 func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
-	d, err := s.db.SyncData(ctx, storage.SyncQuery{UserID: c.UserID, DeviceID: c.DeviceID, Since: *sincePos,
-		ToDeviceAfter: acked, ToDeviceLimit: maxToDevicePerSync})
+	q := storage.SyncQuery{UserID: c.UserID, DeviceID: c.DeviceID, Since: *sincePos, ToDeviceAfter: acked}
+	if s.opts.ToDevice != nil {
+		q.ToDeviceLimit = s.opts.ToDevice.SyncLimit()
+	}
+	d, err := s.db.SyncData(ctx, q)
 	if err != nil {
 		return SyncResponse{}, false, err
 	}
@@ -225,7 +318,7 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 	}
 	news := len(d.DeviceLists.Changed)+len(d.DeviceLists.Left) > 0 ||
 		(s.opts.ToDevice != nil && len(d.ToDevice) > 0) ||
-		(s.opts.AccountData != nil && s.accountDataNews(d)) ||
+		(s.opts.AccountData != nil && s.opts.AccountData.SyncNews(&d, s.rooms != nil)) ||
 		(s.rooms != nil && len(d.RoomsWithEvents) > 0)
 	if onlyNews && !news {
 		return SyncResponse{}, false, nil
@@ -238,49 +331,53 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 // from 0 (no since): the whole state; and the device's to-device
 // messages.
 func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
-	toDevice, delivered := s.toDeviceSection(d.Pos, d.ToDevice)
-	res := SyncResponse{
-		NextBatch:                    s.syncToken(d.Pos, delivered),
-		ToDevice:                     toDevice,
-		DeviceLists:                  &ChangesResponse{Changed: d.DeviceLists.Changed, Left: d.DeviceLists.Left},
-		DeviceOneTimeKeysCount:       withSignedCurve(d.OneTimeKeyCounts),
-		DeviceUnusedFallbackKeyTypes: d.UnusedFallbackKeyTypes,
-		AccountData:                  s.accountDataSection(d.AccountData),
+	var res SyncResponse
+	var delivered storage.StreamPos
+	if s.opts.ToDevice != nil {
+		res.ToDevice, delivered = s.opts.ToDevice.SyncSection(d.Pos, d.ToDevice)
+	}
+	res.NextBatch = s.syncToken(d.Pos, delivered)
+	lists, counts, fallback := s.keys.SyncKeys(d)
+	res.DeviceLists = &ChangesResponse{Changed: lists.Changed, Left: lists.Left}
+	res.DeviceOneTimeKeysCount, res.DeviceUnusedFallbackKeyTypes = counts, fallback
+	if s.opts.AccountData != nil {
+		res.AccountData = s.opts.AccountData.SyncSection(d.AccountData)
 	}
 	var err error
 	res.Rooms, err = s.roomsSection(ctx, c.UserID, from, d, o, f)
 	return res, err
 }
 
-// SetMembership records that a user (local or remote) joined or left a
-// room. Membership is fed by an administrator or a homeserver until rooms
-// are ours; the device-list logic only reads it.
-func (s *Service) SetMembership(ctx context.Context, roomID, userID, membership string) error {
-	// One rule for room IDs everywhere: room version 12's have no
-	// ":server" part.
-	if !matrixid.ValidRoomID(roomID) {
-		return mxerr.InvalidParam("%q is not a valid room ID", roomID)
+// Tokens.
+//
+// A /sync token is "s<pos>" (package streamtoken), every change up to pos,
+// followed when the server keeps to-device messages by "_d<acked>": every
+// to-device message at or before acked was in this answer or an earlier
+// one (see package todevice). Tokens without that part (older ones,
+// /keys/changes') acknowledge nothing.
+
+// syncToken is a /sync token: the stream position and, when the service
+// keeps to-device messages, the position up to which the device received
+// them.
+func (s *Service) syncToken(pos, acked storage.StreamPos) string {
+	tok := streamtoken.Format(pos)
+	if s.opts.ToDevice != nil {
+		tok += "_d" + strconv.FormatInt(int64(acked), 10)
 	}
-	if _, ok := matrixid.ParseUserID(userID); !ok {
-		return mxerr.InvalidParam("%q is not a valid user ID", userID)
-	}
-	if membership != storage.MembershipJoin && membership != storage.MembershipLeave {
-		return mxerr.InvalidParam("membership must be %q or %q", storage.MembershipJoin, storage.MembershipLeave)
-	}
-	res, err := s.db.SetMembership(ctx, roomID, userID, membership, s.nowMS())
-	if err != nil {
-		return err
-	}
-	s.membershipChanged(res.Change, res.NewlyStale)
-	if res.DeviceUpdatesQueued && s.sender != nil {
-		s.sender.Poke()
-	}
-	return nil
+	return tok
 }
 
-func (s *Service) membershipChanged(ch storage.Change, newlyStale []storage.StaleUser) {
-	s.streamAdvanced(ch)
-	if len(newlyStale) > 0 && s.updater != nil {
-		s.updater.Wake()
+// parseToDeviceAck reads the to-device part of a token; 0 when absent.
+func parseToDeviceAck(tok string) (storage.StreamPos, error) {
+	_, rest, _ := strings.Cut(tok, "_")
+	for _, part := range strings.Split(rest, "_") {
+		if num, ok := strings.CutPrefix(part, "d"); ok {
+			n, err := strconv.ParseInt(num, 10, 64)
+			if err != nil || n < 0 {
+				return 0, mxerr.InvalidParam("since is not a valid stream token")
+			}
+			return storage.StreamPos(n), nil
+		}
 	}
+	return 0, nil
 }

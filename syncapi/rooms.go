@@ -1,4 +1,4 @@
-package keyserver
+package syncapi
 
 import (
 	"context"

@@ -1,13 +1,10 @@
-package keyserver
+package syncapi
 
 import (
 	"context"
-	"io"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/streamtoken"
@@ -23,16 +20,14 @@ import (
 func TestWokenSyncIsOneStatement(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
 		ctx := context.Background()
-		log := logrus.New()
-		log.SetOutput(io.Discard)
 		store := openTestDB(t, tdb)
-		s := New(store, Options{ServerName: "local.test", Logger: log, AccountData: store, ToDevice: store})
-		users := testUsers(s)
+		ts := newTestServer(t, store, true)
+		s, users := ts.sync, ts.users
 		alice, err := users.CreateUser(ctx, "alice", "pw")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.SetMembership(ctx, "!shared:local.test", alice, storage.MembershipJoin); err != nil {
+		if err := ts.keys.SetMembership(ctx, "!shared:local.test", alice, storage.MembershipJoin); err != nil {
 			t.Fatal(err)
 		}
 		const waiters = 5
@@ -42,7 +37,7 @@ func TestWokenSyncIsOneStatement(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := s.SetMembership(ctx, "!shared:local.test", u, storage.MembershipJoin); err != nil {
+			if err := ts.keys.SetMembership(ctx, "!shared:local.test", u, storage.MembershipJoin); err != nil {
 				t.Fatal(err)
 			}
 			mates = append(mates, u)

@@ -1,13 +1,10 @@
-package keyserver
+package syncapi
 
 import (
 	"context"
-	"io"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/streamtoken"
@@ -22,10 +19,8 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, tdb testdb.Database) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		log := logrus.New()
-		log.SetOutput(io.Discard)
-		s := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
-		users := testUsers(s)
+		ts := newTestServer(t, openTestDB(t, tdb), false)
+		s, users := ts.sync, ts.users
 		user := func(localpart string) string {
 			id, err := users.CreateUser(ctx, localpart, "pw")
 			if err != nil {
@@ -35,7 +30,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		}
 		alice, bob, carol := user("alice"), user("bob"), user("carol")
 		for _, m := range [][2]string{{"!shared:local.test", alice}, {"!shared:local.test", bob}, {"!elsewhere:local.test", carol}} {
-			if err := s.SetMembership(ctx, m[0], m[1], storage.MembershipJoin); err != nil {
+			if err := ts.keys.SetMembership(ctx, m[0], m[1], storage.MembershipJoin); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -45,7 +40,7 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		since, err := s.db.CurrentPos(ctx)
+		since, err := ts.store.CurrentPos(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,31 +107,18 @@ func TestChangeWakesOnlyConcernedSyncs(t *testing.T) {
 	})
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // With two daemons on one PostgreSQL database, a change made through one
 // wakes, in the other, only the waiting requests of the users it concerns.
 func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	tdb := testdb.Postgres(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	a := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
-	b := New(openTestDB(t, tdb), Options{ServerName: "local.test", Logger: log})
-	aUsers := testUsers(a)
+	a := newTestServer(t, openTestDB(t, tdb), false)
+	b := newTestServer(t, openTestDB(t, tdb), false)
+	aUsers := a.users
 	done := make(chan struct{})
 	// b hears of changes made through a as the server does: its notifier
 	// watches the database.
-	go func() { defer close(done); b.notifier.Watch(ctx, b.db, log) }()
+	go func() { defer close(done); b.sync.notifier.Watch(ctx, b.store, b.log) }()
 	defer func() { cancel(); <-done }()
 
 	user := func(localpart string) string {
@@ -150,7 +132,7 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	// time, and its notifications reach every listener.
 	alice, bob, carol := user("wake.alice"), user("wake.bob"), user("wake.carol")
 	for _, m := range [][2]string{{"!shared:local.test", alice}, {"!shared:local.test", bob}, {"!elsewhere:local.test", carol}} {
-		if err := a.SetMembership(ctx, m[0], m[1], storage.MembershipJoin); err != nil {
+		if err := a.keys.SetMembership(ctx, m[0], m[1], storage.MembershipJoin); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -158,8 +140,8 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 	// concerning users of their own until one is heard.
 	for i := 0; ; i++ {
 		probe := "@wake.probe" + strconv.Itoa(i) + ":local.test"
-		sub := b.notifier.Subscribe(probe)
-		if err := a.SetMembership(ctx, "!probe:local.test", probe, storage.MembershipJoin); err != nil {
+		sub := b.sync.notifier.Subscribe(probe)
+		if err := a.keys.SetMembership(ctx, "!probe:local.test", probe, storage.MembershipJoin); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -174,7 +156,7 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 		sub.Close()
 		break
 	}
-	bobSub, carolSub := b.notifier.Subscribe(bob), b.notifier.Subscribe(carol)
+	bobSub, carolSub := b.sync.notifier.Subscribe(bob), b.sync.notifier.Subscribe(carol)
 	defer bobSub.Close()
 	defer carolSub.Close()
 	pw, dev := "pw", "PHONE"
