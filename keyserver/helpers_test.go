@@ -42,7 +42,7 @@ func openTestDB(t *testing.T, db testdb.Database) *sqlstore.Store {
 // membership changes reach the service as the server's change fan-out
 // passes them on.
 func testUsers(s *Service) *userapi.Service {
-	return userapi.New(s.db, userapi.Options{ServerName: s.opts.ServerName, BcryptCost: 4, Logger: s.log, Changes: changesTo{s}})
+	return userapi.New(s.db.(storage.Database), userapi.Options{ServerName: s.opts.ServerName, BcryptCost: 4, Logger: s.log, Changes: changesTo{s}})
 }
 
 type changesTo struct{ s *Service }

@@ -72,7 +72,7 @@ type PasswordConfirmer interface {
 
 // Service is the keyserver's domain layer.
 type Service struct {
-	db      storage.Database
+	db      Store
 	fed     Federation
 	sender  Outbound   // nil: nothing is sent
 	updater StaleLists // nil: no background resyncs
@@ -85,8 +85,28 @@ type Service struct {
 	now      func() time.Time
 }
 
+// Store is what the keys domain uses of the database: the storage areas
+// of keys, devices, cross-signing, the stream of changes and the
+// memberships that decide who shares a room, and the cache of remote
+// device lists with its stale queue.
+type Store interface {
+	storage.Keys
+	storage.Devices
+	storage.CrossSigningKeys
+	storage.Stream
+	storage.Memberships
+	storage.RemoteDeviceLists
+	storage.StaleQueue
+	// AccountExists answers other servers asking for a user's devices.
+	AccountExists(ctx context.Context, userID string) (bool, error)
+	// The admin commands' view of the outbound queue.
+	OutboundQueue(ctx context.Context) (map[string]int, error)
+	OutboundDestinations(ctx context.Context) ([]storage.OutboundDestination, error)
+	ResetDestination(ctx context.Context, destination string, heardAt int64) (bool, error)
+}
+
 // New makes a Service.
-func New(db storage.Database, opts Options) *Service {
+func New(db Store, opts Options) *Service {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

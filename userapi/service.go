@@ -47,7 +47,7 @@ type Changes interface {
 
 // Service serves accounts and devices.
 type Service struct {
-	db        storage.Database
+	db        Store
 	opts      Options
 	changes   Changes
 	log       logrus.FieldLogger
@@ -58,8 +58,19 @@ type Service struct {
 	dummyHash []byte
 }
 
+// Store is what accounts use of the database: accounts and their
+// tokens, user-interactive auth sessions, devices, and the memberships a
+// deactivated user leaves; and whether the database answers (readiness).
+type Store interface {
+	storage.Accounts
+	storage.UIASessions
+	storage.Devices
+	storage.Memberships
+	Ping(ctx context.Context) error
+}
+
 // New makes a Service.
-func New(db storage.Database, opts Options) *Service {
+func New(db Store, opts Options) *Service {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
