@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -59,15 +60,24 @@ func daemonBinary(t *testing.T) string {
 	return binary
 }
 
-// freeAddr returns a loopback address with a port nothing listens on now.
+// freeAddr returns a loopback address with a port nothing listens on now,
+// for a daemon to listen on later. The port is below Linux's ephemeral
+// range (32768 and up), where the kernel picks the ports of outgoing
+// connections and of listeners on port 0: the other tests running at the
+// same time cannot take it meanwhile.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addr := "127.0.0.1:" + strconv.Itoa(20000+mrand.IntN(12000))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // taken
+		}
+		ln.Close()
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free port found below the ephemeral range")
+	return ""
 }
 
 // server is one Matrix server: a fault proxy listening on its name, and
