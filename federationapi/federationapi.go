@@ -125,50 +125,62 @@ type request struct {
 
 type handler func(r request) (any, error)
 
-// authed checks the X-Matrix signature before anything else happens: a
-// request that is unsigned, malformed, signed by an unknown or wrong key,
-// tampered with, or addressed to another server is answered 401
-// M_UNAUTHORIZED and does nothing.
+// authed checks the X-Matrix signature before anything else happens (see
+// authenticate), then answers with what h returns, as JSON.
 func (a *api) authed(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := httpx.ReadBody(r, a.opts.MaxRequestBytes)
-		if err != nil {
-			httpx.Error(w, r, err)
+		req, ok := a.authenticate(w, r)
+		if !ok {
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		fr, resp := fclient.VerifyHTTPRequest(r, a.opts.Now(), spec.ServerName(a.opts.ServerName), nil, a.opts.KeyRing)
-		if fr == nil {
-			if resp.Code == http.StatusInternalServerError {
-				httpx.Error(w, r, errors.New("checking a request signature failed"))
-				return
-			}
-			msg := "request is not correctly signed"
-			if m, ok := resp.JSON.(struct {
-				Message string `json:"message"`
-			}); ok {
-				msg = m.Message
-			}
-			httpx.Logger(r).WithField("reason", msg).Debug("refused an unauthenticated federation request")
-			httpx.Error(w, r, mxerr.Unauthorized("%s", msg))
-			return
-		}
-		origin := string(fr.Origin())
-		a.opts.OnAuthenticated(origin)
-		if ok, wait := a.opts.RateLimit.Allow(origin); !ok {
-			httpx.LimitExceeded(w, r, wait)
-			return
-		}
-		// origin is up: what the request makes us ask of it is asked even
-		// if one of its endpoints failed a moment ago.
-		r = r.WithContext(fedclient.WithLive(r.Context(), origin))
-		out, err := h(request{Request: r, origin: origin, content: fr.Content()})
+		out, err := h(req)
 		if err != nil {
 			httpx.Error(w, r, err)
 			return
 		}
 		httpx.JSON(w, http.StatusOK, out)
 	})
+}
+
+// authenticate checks a request's X-Matrix signature: a request that is
+// unsigned, malformed, signed by an unknown or wrong key, tampered with,
+// or addressed to another server is answered 401 M_UNAUTHORIZED and does
+// nothing, as is one over its origin's rate limit (429). On success the
+// request carries its origin, marked live, and false means an answer was
+// written.
+func (a *api) authenticate(w http.ResponseWriter, r *http.Request) (request, bool) {
+	body, err := httpx.ReadBody(r, a.opts.MaxRequestBytes)
+	if err != nil {
+		httpx.Error(w, r, err)
+		return request{}, false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	fr, resp := fclient.VerifyHTTPRequest(r, a.opts.Now(), spec.ServerName(a.opts.ServerName), nil, a.opts.KeyRing)
+	if fr == nil {
+		if resp.Code == http.StatusInternalServerError {
+			httpx.Error(w, r, errors.New("checking a request signature failed"))
+			return request{}, false
+		}
+		msg := "request is not correctly signed"
+		if m, ok := resp.JSON.(struct {
+			Message string `json:"message"`
+		}); ok {
+			msg = m.Message
+		}
+		httpx.Logger(r).WithField("reason", msg).Debug("refused an unauthenticated federation request")
+		httpx.Error(w, r, mxerr.Unauthorized("%s", msg))
+		return request{}, false
+	}
+	origin := string(fr.Origin())
+	a.opts.OnAuthenticated(origin)
+	if ok, wait := a.opts.RateLimit.Allow(origin); !ok {
+		httpx.LimitExceeded(w, r, wait)
+		return request{}, false
+	}
+	// origin is up: what the request makes us ask of it is asked even
+	// if one of its endpoints failed a moment ago.
+	r = r.WithContext(fedclient.WithLive(r.Context(), origin))
+	return request{Request: r, origin: origin, content: fr.Content()}, true
 }
 
 func (a *api) queryKeys(r request) (any, error) {

@@ -1,20 +1,14 @@
 package federationapi
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/gorilla/mux"
-	"github.com/matrix-org/gomatrixserverlib/fclient"
-	"github.com/matrix-org/gomatrixserverlib/spec"
 
-	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/internal/httpx"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/media"
@@ -79,29 +73,11 @@ func mediaRequest(r request) (string, time.Duration, error) {
 // multipart/mixed.
 func (a *api) mediaAuthed(h func(r request) (*media.Content, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := httpx.ReadBody(r, a.opts.MaxRequestBytes)
-		if err != nil {
-			httpx.Error(w, r, err)
+		req, ok := a.authenticate(w, r)
+		if !ok {
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		fr, resp := fclient.VerifyHTTPRequest(r, a.opts.Now(), spec.ServerName(a.opts.ServerName), nil, a.opts.KeyRing)
-		if fr == nil {
-			if resp.Code == http.StatusInternalServerError {
-				httpx.Error(w, r, errors.New("checking a request signature failed"))
-				return
-			}
-			httpx.Error(w, r, mxerr.Unauthorized("request is not correctly signed"))
-			return
-		}
-		origin := string(fr.Origin())
-		a.opts.OnAuthenticated(origin)
-		if ok, wait := a.opts.RateLimit.Allow(origin); !ok {
-			httpx.LimitExceeded(w, r, wait)
-			return
-		}
-		r = r.WithContext(fedclient.WithLive(r.Context(), origin))
-		c, err := h(request{Request: r, origin: origin, content: fr.Content()})
+		c, err := h(req)
 		if err != nil {
 			httpx.Error(w, r, err)
 			return
