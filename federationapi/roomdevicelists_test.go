@@ -179,6 +179,9 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 					t.Fatalf("bob's sync after his join: %+v", d)
 				}
 				mustQueryKeys(t, a, alice, bob, bobKeys)
+				// Nothing of the join (the announcement of bob's devices) still on
+				// its way: the next change alice sees is the upload's.
+				queuesEmpty(t, a, b)
 				since = syncUntilQuiet(t, a, alice, since)
 				bobKeys = toolKeys(t, bn, bob)
 				syncUntil(t, a, alice, since, "changed", bob.UserID)
@@ -200,6 +203,9 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 					t.Fatalf("bob's sync after alice's join: %+v", d)
 				}
 				mustQueryKeys(t, a, alice, bob, bobKeys)
+				// Nothing of the join (the announcement of bob's devices) still on
+				// its way: the next change alice sees is the upload's.
+				queuesEmpty(t, a, b)
 				since = syncUntilQuiet(t, a, alice, since)
 				bobKeys = toolKeys(t, bn, bob)
 				syncUntil(t, a, alice, since, "changed", bob.UserID)
@@ -213,6 +219,9 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 				joinVia(t, bn, bob, roomID, a)
 				_, since := syncOnce(t, a, alice, "", 0)
 				mustQueryKeys(t, a, alice, bob, bobKeys)
+				// Nothing of the join (the announcement of bob's devices) still on
+				// its way: the next change alice sees is the upload's.
+				queuesEmpty(t, a, b)
 				since = syncUntilQuiet(t, a, alice, since)
 				leaveRoom(t, bn, bob, roomID)
 				since = syncUntil(t, a, alice, since, "left", bob.UserID)
@@ -233,6 +242,9 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 				joinVia(t, a, alice, roomID, bn)
 				_, since := syncOnce(t, a, alice, "", 0)
 				mustQueryKeys(t, a, alice, bob, bobKeys)
+				// Nothing of the join (the announcement of bob's devices) still on
+				// its way: the next change alice sees is the upload's.
+				queuesEmpty(t, a, b)
 				since = syncUntilQuiet(t, a, alice, since)
 				leaveRoom(t, a, alice, roomID)
 				d, since := syncOnce(t, a, alice, since, 0)
@@ -267,6 +279,9 @@ func TestDeviceListRoomCombinations(t *testing.T) {
 				joinVia(t, bn, bob, roomID, a)
 				_, since := syncOnce(t, a, alice, "", 0)
 				mustQueryKeys(t, a, alice, bob, bobKeys)
+				// Nothing of the join (the announcement of bob's devices) still on
+				// its way: the next change alice sees is the upload's.
+				queuesEmpty(t, a, b)
 				since = syncUntilQuiet(t, a, alice, since)
 				from := since
 				leaveRoom(t, bn, bob, roomID)
