@@ -220,7 +220,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 
 	// The domains /sync reads from.
 	ro := roomserver.Options{ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
-		Sink: roomserver.Sinks{s.Pushers, ch}, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
+		Sink: roomserver.Sinks{s.Pushers, ch}, Upgrades: s.PushRules, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
 	var profileRemote profile.Remote
 	var roomsRemote publicrooms.Remote
 	if s.Federation != nil {
