@@ -35,6 +35,7 @@ import (
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/spaces"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
@@ -91,6 +92,9 @@ type Options struct {
 	Parker *httppark.Parker
 	// Media serves the content repository; nil: not served.
 	Media *media.Service
+	// Spaces serves space hierarchies and room summaries; nil: not
+	// served.
+	Spaces *spaces.Service
 }
 
 // API serves the client-server API.
@@ -163,6 +167,7 @@ func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Hand
 	a.toDeviceRoutes(e2e)
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	a.mediaRoutes(prefixed{r, ""})
+	a.spaceRoutes(prefixed{r, ""})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)
 	// Liveness: the process answers. Readiness: it can reach its database.
 	r.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {

@@ -61,6 +61,8 @@ type Options struct {
 
 	// Media serves local media; nil: not served.
 	Media Media
+	// Spaces answers /hierarchy; nil: not served.
+	Spaces Spaces
 }
 
 // OldVerifyKey is a retired signing key.
@@ -113,6 +115,7 @@ func NewHandler(ks Keys, txns Transactions, opts Options) http.Handler {
 	a.profileRoutes(r)
 	a.publicRoomRoutes(r)
 	a.mediaRoutes(r)
+	a.spaceRoutes(r)
 	return httpx.Middleware(opts.Logger, "federation", r)
 }
 

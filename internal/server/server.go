@@ -50,6 +50,7 @@ import (
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/spaces"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -115,6 +116,7 @@ type Server struct {
 	Rooms       *roomserver.Service
 	Profiles    *profile.Service
 	PublicRooms *publicrooms.Service
+	Spaces      *spaces.Service
 	ToDevice    *todevice.Service
 	AccountData *accountdata.Service
 	// Sync assembles /sync and answers /keys/changes.
@@ -231,6 +233,11 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Rooms = roomserver.New(store, ro)
 	s.Profiles = profile.New(store, cfg.ServerName, profileRemote, s.Rooms, log)
 	s.PublicRooms = publicrooms.New(store, s.Rooms, roomsRemote, cfg.ServerName, log)
+	var spacesRemote spaces.Remote
+	if s.Federation != nil {
+		spacesRemote = s.Federation
+	}
+	s.Spaces = spaces.New(store, spacesRemote, cfg.ServerName, log)
 	s.ToDevice = todevice.New(store, todevice.Options{
 		ServerName: cfg.ServerName, Federated: o.Federated,
 		RateLimit: limiter(cfg.ClientAPI.ToDeviceRateLimit, o.Now),
@@ -294,6 +301,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Dehydrated: s.Dehydrated,
 		Parker:     s.Parker,
 		Media:      s.Media,
+		Spaces:     s.Spaces,
 	})
 	s.FederationAPI = federationapi.NewHandler(s.Keys, s.Transactions, federationapi.Options{
 		ServerName:      cfg.ServerName,
@@ -310,6 +318,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		RateLimit:       ratelimit.New(float64(cfg.Federation.RateLimitPerSecond), cfg.Federation.RateLimitBurst, nil),
 		Logger:          log,
 		Media:           s.Media,
+		Spaces:          s.Spaces,
 	})
 	return s, nil
 }
