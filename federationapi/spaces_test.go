@@ -103,3 +103,61 @@ func TestSpaceHierarchyOverFederation(t *testing.T) {
 		}
 	})
 }
+
+// A restricted room of A in a space of A that a user of B joined: A shows
+// it to B (a user of B is in the room its join rule names) with
+// allowed_room_ids, and B shows it to that user, not to another of its
+// users.
+func TestRestrictedRoomInRemoteSpace(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a := testutil.StartNode(t, db, nil)
+		b := testutil.StartNode(t, testutil.SQLite(t), nil)
+		alice := a.Register(t, "alice", "")
+		bob := b.Register(t, "bob", "")
+		carol := b.Register(t, "carol", "")
+		top := a.Must(t, "POST", clientV3+"/createRoom", alice.Token, map[string]any{"preset": "public_chat", "name": "Space",
+			"creation_content": map[string]any{"type": "m.space"}})["room_id"].(string)
+		restricted := a.Must(t, "POST", clientV3+"/createRoom", alice.Token, map[string]any{"preset": "private_chat", "name": "Members only",
+			"initial_state": []any{map[string]any{"type": "m.room.join_rules", "content": map[string]any{"join_rule": "restricted",
+				"allow": []any{map[string]any{"type": "m.room_membership", "room_id": top}}}}}})["room_id"].(string)
+		a.Must(t, "PUT", clientV3+"/rooms/"+url.PathEscape(top)+"/state/m.space.child/"+url.PathEscape(restricted), alice.Token,
+			map[string]any{"via": []string{a.ServerName}})
+
+		// Before anyone of B is in the space, A keeps the room from B.
+		expectFedError(t, a, asNode(t, b), "GET", fedV1+"/hierarchy/"+url.PathEscape(restricted), nil, 404, "M_NOT_FOUND")
+		fed := fedMust(t, a, asNode(t, b), "GET", fedV1+"/hierarchy/"+url.PathEscape(top), nil)
+		if c := fed["children"].([]any); len(c) != 0 || len(fed["inaccessible_children"].([]any)) != 1 {
+			t.Fatalf("A's space for B before the join: %v", fed)
+		}
+
+		b.Must(t, "POST", clientV3+"/join/"+url.PathEscape(top)+"?server_name="+url.QueryEscape(a.ServerName), bob.Token, map[string]any{})
+		fed = fedMust(t, a, asNode(t, b), "GET", fedV1+"/hierarchy/"+url.PathEscape(top), nil)
+		c := fed["children"].([]any)
+		if len(c) != 1 || c[0].(map[string]any)["room_id"] != restricted || len(fed["inaccessible_children"].([]any)) != 0 {
+			t.Fatalf("A's space for B after the join: %v", fed)
+		}
+		if allowed := c[0].(map[string]any)["allowed_room_ids"].([]any); len(allowed) != 1 || allowed[0] != top {
+			t.Fatalf("allowed_room_ids %v", c[0])
+		}
+
+		hierarchy := func(u *testutil.User) []string {
+			t.Helper()
+			page := b.Must(t, "GET", "/_matrix/client/v1/rooms/"+url.PathEscape(top)+"/hierarchy", u.Token, nil)
+			var ids []string
+			for _, r := range page["rooms"].([]any) {
+				m := r.(map[string]any)
+				if _, ok := m["allowed_room_ids"]; ok {
+					t.Fatalf("allowed_room_ids told to a client: %v", m)
+				}
+				ids = append(ids, m["room_id"].(string))
+			}
+			return ids
+		}
+		if got := hierarchy(bob); !slices.Equal(got, []string{top, restricted}) {
+			t.Fatalf("bob's hierarchy on B: %v", got)
+		}
+		if got := hierarchy(carol); !slices.Equal(got, []string{top}) {
+			t.Fatalf("carol's hierarchy on B: %v", got)
+		}
+	})
+}
