@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/keyserver/keyserver/internal/matrixid"
+	"github.com/keyserver/keyserver/internal/metrics/httpmetrics"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/spaces"
 )
@@ -16,7 +17,8 @@ func (a *API) spaceRoutes(r prefixed) {
 	if a.opts.Spaces == nil || a.opts.Rooms == nil {
 		return
 	}
-	r.Handle("/_matrix/client/{v:(?:v1|unstable/org.matrix.msc2946)}/rooms/{roomId}/hierarchy", a.authed(a.hierarchy)).Methods(http.MethodGet)
+	r.Handle("/_matrix/client/{"+httpmetrics.APIVersionVar+":(?:v1|unstable/org.matrix.msc2946)}/rooms/{roomId}/hierarchy",
+		a.authed(a.hierarchy)).Methods(http.MethodGet)
 	summary := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var c matrixid.Caller
 		if accessToken(r) != "" {

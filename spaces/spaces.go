@@ -82,6 +82,9 @@ const (
 	remoteTTL = 5 * time.Minute
 	// maxCached bounds the answers kept.
 	maxCached = 1000
+	// maxVisited bounds the rooms one request walks through (answered,
+	// skipped or left out): beyond, the walk stops without next_batch.
+	maxVisited = 10000
 )
 
 const spaceChild = "m.space.child"
@@ -562,6 +565,11 @@ func (s *Service) Hierarchy(ctx context.Context, userID string, req Request) (Re
 			continue
 		}
 		seen[q.roomID] = true
+		if len(seen) > maxVisited {
+			s.log.WithFields(logrus.Fields{"room_id": req.RoomID, "visited": maxVisited}).Warn("a hierarchy walk stopped at its bound")
+			queue = nil
+			break
+		}
 		var entry *Room
 		var remoteChildren map[string]Room
 		var inaccessible map[string]bool
