@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -160,4 +161,30 @@ func TestRestrictedRoomInRemoteSpace(t *testing.T) {
 			t.Fatalf("carol's hierarchy on B: %v", got)
 		}
 	})
+}
+
+// The servers a space's children and a summary's via name are asked
+// through the federation's address policy: a denied address is never
+// contacted, and its rooms are left out.
+func TestSpaceViaDenied(t *testing.T) {
+	n := testutil.StartNode(t, testutil.SQLite(t), func(c *config.Config) { c.Federation.IPRangeAllowlist = []string{} })
+	alice := n.Register(t, "alice", "")
+	port, accepted := countingListener(t)
+	server := "127.0.0.1:" + port
+	top := n.Must(t, "POST", clientV3+"/createRoom", alice.Token, map[string]any{"preset": "public_chat",
+		"creation_content": map[string]any{"type": "m.space"}})["room_id"].(string)
+	far := "!far:" + server
+	n.Must(t, "PUT", clientV3+"/rooms/"+url.PathEscape(top)+"/state/m.space.child/"+url.PathEscape(far), alice.Token,
+		map[string]any{"via": []string{server, "localhost:" + port}})
+	page := n.Must(t, "GET", "/_matrix/client/v1/rooms/"+url.PathEscape(top)+"/hierarchy", alice.Token, nil)
+	if rooms := page["rooms"].([]any); len(rooms) != 1 {
+		t.Fatalf("a room behind a denied address is listed: %v", page)
+	}
+	r := n.Do(t, "GET", "/_matrix/client/v1/room_summary/"+url.PathEscape(far)+"?via="+url.QueryEscape(server), alice.Token, nil)
+	if r.Status != 404 || r.Errcode() != "M_NOT_FOUND" {
+		t.Fatalf("the summary of a room behind a denied address: %d %s", r.Status, r.Raw)
+	}
+	if a := accepted.Load(); a != 0 {
+		t.Fatalf("the daemon opened %d connections to denied addresses", a)
+	}
 }
