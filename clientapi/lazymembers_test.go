@@ -158,6 +158,9 @@ func TestMessagesLazyLoadMembers(t *testing.T) {
 		lazy := url.Values{"dir": {"b"}, "limit": {"2"}, "filter": {`{"lazy_load_members":true}`}}
 		page, evs := messagesPage(t, srv, alice, roomID, lazy)
 		expectEvents(t, "page", evs, "m.room.message|b2", "m.room.message|c1")
+		if _, ok := page["state"].([]any); !ok {
+			t.Fatalf("a lazy-loading page without state: %v", page)
+		}
 		expectEvents(t, "the senders' member events", members(eventList(t, page["state"])),
 			"m.room.member|@bob:test.local|join", "m.room.member|@carol:test.local|join")
 
