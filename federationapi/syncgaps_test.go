@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/keyserver/keyserver/internal/testutil"
@@ -153,6 +154,7 @@ func TestSyncRemoteJoinLimitedBetweenDaemons(t *testing.T) {
 				t.Fatalf("%s: a newly joined room without its state: %v", c.name, room.stateIDs())
 			}
 			var got []string
+			var historyToken string // a /messages token below the stream's start
 			from := *room.Timeline.PrevBatch
 			for range 20 {
 				ids, end := messagesPage(t, b, bob, roomID, from, 5)
@@ -160,10 +162,26 @@ func TestSyncRemoteJoinLimitedBetweenDaemons(t *testing.T) {
 				if end == "" {
 					break
 				}
+				if historyToken == "" && strings.HasPrefix(end, "h") {
+					historyToken = end
+				}
 				from = end
 			}
 			if !slices.Equal(got, history) {
 				t.Fatalf("%s: back from prev_batch\n%v\nA's history before the join\n%v", c.name, got, history)
+			}
+			// /members at a token of that history: alice alone.
+			if historyToken == "" {
+				t.Fatalf("%s: no /messages token in the history before the join", c.name)
+			}
+			r := b.Do(t, "GET", rpath(roomID, "/members?at="+url.QueryEscape(historyToken)), bob.Token, nil)
+			var members struct {
+				Chunk []struct {
+					StateKey string `json:"state_key"`
+				} `json:"chunk"`
+			}
+			if r.Status != http.StatusOK || json.Unmarshal(r.Raw, &members) != nil || len(members.Chunk) != 1 || members.Chunk[0].StateKey != alice.UserID {
+				t.Fatalf("%s: /members at %s: %d %s", c.name, historyToken, r.Status, r.Raw)
 			}
 		}
 	})
