@@ -1,6 +1,7 @@
 package clientapi_test
 
 import (
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -48,7 +49,9 @@ func TestSyncLazyLoadMembers(t *testing.T) {
 		bob := srv.Register(t, "bob", "")
 		carol := srv.Register(t, "carol", "")
 		dave := srv.Register(t, "dave", "")
-		roomID := createRoom(t, srv, alice, map[string]any{"preset": "public_chat"})
+		// Named: the heroes' member events are not needed (see
+		// TestSyncLazyLoadHeroes).
+		roomID := createRoom(t, srv, alice, map[string]any{"preset": "public_chat", "name": "R"})
 		for _, u := range []*testutil.User{bob, carol, dave} {
 			srv.Must(t, "POST", roomPath(roomID, "/join"), u.Token, nil)
 		}
@@ -137,6 +140,45 @@ func TestSyncLazyLoadMembers(t *testing.T) {
 			t.Fatalf("a gap, not limited: %v", room["timeline"])
 		}
 		expectEvents(t, "state in the gap", eventsOf(t, room, "state"), "m.room.topic|", "m.room.member|@bob:test.local|join")
+	})
+}
+
+// Lazy loading in a room without a name or canonical alias: the state
+// also carries the member events of the summary's heroes, which clients
+// name the room after (as Synapse sends them); once the room has a name,
+// not.
+func TestSyncLazyLoadHeroes(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		srv := testutil.NewServer(t, db, testutil.ServerOptions{})
+		alice := srv.Register(t, "alice", "")
+		bob := srv.Register(t, "bob", "")
+		carol := srv.Register(t, "carol", "")
+		roomID := createRoom(t, srv, alice, map[string]any{"preset": "public_chat"})
+		// The first five to join are the heroes; bob and carol come after.
+		want := []string{"m.room.member|@alice:test.local|join", "m.room.member|@bob:test.local|join"}
+		for i := range 5 {
+			h := srv.Register(t, fmt.Sprint("hero", i), "")
+			srv.Must(t, "POST", roomPath(roomID, "/join"), h.Token, nil)
+			want = append(want, "m.room.member|"+h.UserID+"|join")
+		}
+		srv.Must(t, "POST", roomPath(roomID, "/join"), bob.Token, nil)
+		srv.Must(t, "POST", roomPath(roomID, "/join"), carol.Token, nil)
+		sendMessage(t, srv, bob, roomID, "1", "b1")
+
+		sync := lazySync(t, srv, alice, "", "", "1", nil)
+		room := section(t, sync, "join", roomID)
+		heroes := room["summary"].(map[string]any)["m.heroes"].([]any)
+		if len(heroes) != 5 || slices.Contains(heroes, any(carol.UserID)) {
+			t.Fatalf("heroes %v", heroes)
+		}
+		slices.Sort(want)
+		expectEvents(t, "sender, user and heroes", members(eventsOf(t, room, "state")), want...)
+		// carol, neither sender nor hero, is not there.
+
+		srv.Must(t, "PUT", roomPath(roomID, "/state/m.room.name/"), alice.Token, map[string]any{"name": "N"})
+		other := srv.Login(t, alice, "NAMED")
+		room = section(t, lazySync(t, srv, other, "", "", "1", nil), "join", roomID)
+		expectEvents(t, "named: the sender's and the user's", members(eventsOf(t, room, "state")), "m.room.member|@alice:test.local|join")
 	})
 }
 

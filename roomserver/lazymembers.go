@@ -195,3 +195,54 @@ func (s *Service) chunkMembers(ctx context.Context, chunk []ClientEvent) ([]Clie
 	}
 	return clientEvents(members)
 }
+
+// heroMembers adds to a lazy-loading /sync entry with a summary the
+// member events of its heroes that neither its state nor its timeline
+// holds and the device was not sent, so that a client can name a room
+// that has neither a name nor a canonical alias (as Synapse does; a room
+// with either gets none).
+func (s *Service) heroMembers(ctx context.Context, req SyncRequest, roomID string, room *JoinedRoom, full bool) error {
+	have := map[string]bool{}
+	for _, evs := range [][]ClientEvent{room.State.Events, room.Timeline.Events} {
+		for _, ev := range evs {
+			if ev.Type == spec.MRoomMember && ev.StateKey != nil {
+				have[*ev.StateKey] = true
+			}
+		}
+	}
+	keys := []storage.StateKey{{Type: spec.MRoomName}, {Type: spec.MRoomCanonicalAlias}}
+	for _, h := range room.Summary.Heroes {
+		if !have[h] {
+			keys = append(keys, storage.StateKey{Type: spec.MRoomMember, StateKey: h})
+		}
+	}
+	if len(keys) == 2 {
+		return nil
+	}
+	state, err := s.db.RoomStateEvents(ctx, roomID, keys)
+	if err != nil {
+		return err
+	}
+	k := lazyKey{userID: req.UserID, deviceID: req.DeviceID}
+	var add []storage.RoomEvent
+	sent := map[string]string{}
+	for _, ev := range state {
+		switch {
+		case ev.Type == spec.MRoomName && eventContentField(ev.JSON, "name") != "",
+			ev.Type == spec.MRoomCanonicalAlias && eventContentField(ev.JSON, "alias") != "":
+			return nil // named: the heroes are not needed
+		case ev.Type != spec.MRoomMember || ev.StateKey == nil:
+		case !full && !req.Filter.Room.State.IncludeRedundantMembers && s.lazy.sent(k, roomID, *ev.StateKey, ev.EventID, req.From):
+		default:
+			add = append(add, ev)
+			sent[*ev.StateKey] = ev.EventID
+		}
+	}
+	evs, err := clientEvents(add)
+	if err != nil {
+		return err
+	}
+	room.State.Events = append(room.State.Events, evs...)
+	s.lazy.remember(k, roomID, sent, req.To)
+	return nil
+}

@@ -344,6 +344,11 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 				if room.Summary, err = s.summary(ctx, m.RoomID, req.UserID); err != nil {
 					return nil, err
 				}
+				if req.Filter.Room.State.LazyLoadMembers {
+					if err := s.heroMembers(ctx, req, m.RoomID, room, full); err != nil {
+						return nil, err
+					}
+				}
 			}
 			out.Join[m.RoomID] = room
 		case spec.Invite:

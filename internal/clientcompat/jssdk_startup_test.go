@@ -33,7 +33,7 @@ func TestMatrixJSSDKStartup(t *testing.T) {
 		carol := n.Register(t, "carol", "")
 		// A room with history and members who do not speak, so that the
 		// lazy loading and the limit show.
-		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", bob.Token, map[string]any{"preset": "public_chat"})["room_id"].(string)
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", bob.Token, map[string]any{"preset": "public_chat", "name": "Start-up"})["room_id"].(string)
 		join := func(u *testutil.User) {
 			n.Must(t, "POST", "/_matrix/client/v3/rooms/"+url.PathEscape(roomID)+"/join", u.Token, map[string]any{})
 		}
