@@ -12,17 +12,19 @@ import (
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
-// matrix-js-sdk's start-up, call by call, against a daemon, as its
-// MatrixClient.startClient and SyncApi.sync (src/sync.ts; the order of
-// the releases since 2023, v25 onwards, in which the first /sync of a
-// new store sends its filter inline) make them: /versions (the
-// features, and whether lazy loading is supported), /capabilities, the
-// push rules, the upload of the sync filter (lazy-loaded members,
-// unread thread notifications), the initial /sync with that filter
-// inline and the timeline limit of initialSyncLimit (8), then /sync with
-// the filter's ID; the Rust crypto's key backup check
-// (/room_keys/version), /account/whoami, and the call handler's
-// /voip/turnServer. Each answer must be one the library goes on with.
+// matrix-js-sdk's start-up, call by call, against a daemon. Followed:
+// matrix-js-sdk's src/sync.ts as of its 2023 and later releases (the
+// SyncApi.sync whose first /sync of a new store sends the filter inline;
+// the exact release tag was not pinned), with MatrixClient.startClient
+// and the Rust crypto around it: /versions (the features, and whether
+// lazy loading is supported), /capabilities, the push rules
+// (getPushRules), the upload of the sync filter (buildDefaultFilter with
+// unread thread notifications, checkLazyLoadStatus adding lazy-loaded
+// members), the initial /sync with that filter inline and the timeline
+// limit of initialSyncLimit (8), then /sync with the filter's ID; the
+// key backup check (/room_keys/version), /account/whoami, and the call
+// handler's /voip/turnServer. Each answer must be one the library goes on
+// with.
 func TestMatrixJSSDKStartup(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
 		n := testutil.StartNode(t, db, func(c *config.Config) {
