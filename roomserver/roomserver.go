@@ -186,6 +186,9 @@ type Service struct {
 	// profiles fill local users' member events (Options.Profiles); nil:
 	// none.
 	profiles Profiles
+	// lazy remembers the member events each device was sent with lazy
+	// loading (lazymembers.go).
+	lazy lazySent
 }
 
 // New makes a Service.
@@ -203,7 +206,7 @@ func New(db Store, opts Options) *Service {
 }
 
 // DefaultRoomVersion is the version of rooms created without one.
-const DefaultRoomVersion = gomatrixserverlib.RoomVersionV10
+const DefaultRoomVersion = gomatrixserverlib.RoomVersionV11
 
 // MaxEventBytes bounds an event as federation JSON.
 const MaxEventBytes = 65536
