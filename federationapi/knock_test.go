@@ -1,9 +1,14 @@
 package federationapi_test
 
 import (
+	"encoding/json"
 	"net/url"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/testutil"
 )
@@ -191,6 +196,122 @@ func TestRemoteRestrictedJoin(t *testing.T) {
 		elsewhere := restricted("restricted", "!elsewhere:other.example", nil)
 		if r := p.b.Do(t, "POST", joinPath(elsewhere), p.bob.Token, map[string]any{}); r.Status != 400 || r.Errcode() != "M_UNABLE_TO_AUTHORISE_JOIN" {
 			t.Fatalf("a join A cannot check: %d %s", r.Status, r.Raw)
+		}
+	})
+}
+
+// make_knock and send_knock as another server sends them (a server made
+// from gomatrixserverlib): the template, the knock signed by that server
+// answered with the room's stripped state, and each refusal the spec
+// gives.
+func TestKnockHandshakeServed(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		alice := n.Register(t, "alice", "")
+		o := testutil.NewOrigin(t)
+		eve := "@eve:" + o.Name
+		create := func(body map[string]any) string {
+			return n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, body)["room_id"].(string)
+		}
+		knockRule := []any{map[string]any{"type": "m.room.join_rules", "content": map[string]any{"join_rule": "knock"}}}
+		roomID := create(map[string]any{"preset": "private_chat", "name": "knock", "initial_state": knockRule})
+		public := create(map[string]any{"preset": "public_chat"})
+		v6 := create(map[string]any{"preset": "private_chat", "room_version": "6", "initial_state": knockRule})
+		makeKnock := func(roomID, userID, query string) testutil.Response {
+			path := "/_matrix/federation/v1/make_knock/" + url.PathEscape(roomID) + "/" + url.PathEscape(userID) + query
+			return testutil.SendTo(t, n, o.SignedRequest(t, "GET", n.ServerName, path, nil, "", nil))
+		}
+		sendKnock := func(roomID, eventID string, body any) testutil.Response {
+			path := "/_matrix/federation/v1/send_knock/" + url.PathEscape(roomID) + "/" + url.PathEscape(eventID)
+			return testutil.SendTo(t, n, o.SignedRequest(t, "PUT", n.ServerName, path, body, "", nil))
+		}
+
+		for _, c := range []struct {
+			what, room, user, query string
+			status                  int
+			code                    string
+		}{
+			{"no ver", roomID, eve, "", 400, "M_INCOMPATIBLE_ROOM_VERSION"},
+			{"other versions", roomID, eve, "?ver=9&ver=10", 400, "M_INCOMPATIBLE_ROOM_VERSION"},
+			{"a user of another server", roomID, "@eve:elsewhere.example", "?ver=11", 403, "M_FORBIDDEN"},
+			{"a public room", public, eve, "?ver=11", 403, "M_FORBIDDEN"},
+			{"a version without knocking", v6, eve, "?ver=6", 403, "M_FORBIDDEN"},
+			{"an unknown room", "!nowhere:" + n.ServerName, eve, "?ver=11", 404, "M_NOT_FOUND"},
+		} {
+			if r := makeKnock(c.room, c.user, c.query); r.Status != c.status || r.Errcode() != c.code {
+				t.Fatalf("make_knock, %s: %d %s", c.what, r.Status, r.Raw)
+			} else if c.code == "M_INCOMPATIBLE_ROOM_VERSION" && r.Body["room_version"] != "11" {
+				t.Fatalf("make_knock, %s: no room_version in %s", c.what, r.Raw)
+			}
+		}
+
+		r := makeKnock(roomID, eve, "?ver=1&ver=11")
+		if r.Status != 200 || r.Body["room_version"] != "11" {
+			t.Fatalf("make_knock: %d %s", r.Status, r.Raw)
+		}
+		var tmpl struct {
+			Event gomatrixserverlib.ProtoEvent `json:"event"`
+		}
+		if err := json.Unmarshal(r.Raw, &tmpl); err != nil {
+			t.Fatal(err)
+		}
+		if tmpl.Event.Type != "m.room.member" || tmpl.Event.SenderID != eve || tmpl.Event.StateKey == nil || *tmpl.Event.StateKey != eve ||
+			string(tmpl.Event.Content) != `{"membership":"knock"}` || tmpl.Event.AuthEvents == nil {
+			t.Fatalf("template %s", r.Raw)
+		}
+		build := func(membership string) gomatrixserverlib.PDU {
+			proto := tmpl.Event
+			if err := proto.SetContent(map[string]any{"membership": membership, "reason": "knock knock"}); err != nil {
+				t.Fatal(err)
+			}
+			ev, err := gomatrixserverlib.MustGetRoomVersion("11").NewEventBuilderFromProtoEvent(&proto).
+				Build(time.Now(), spec.ServerName(o.Name), o.KeyID, o.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ev
+		}
+		knock := build("knock")
+
+		// Refused knocks change nothing.
+		join := build("join")
+		if r := sendKnock(roomID, join.EventID(), json.RawMessage(join.JSON())); r.Status != 400 || r.Errcode() != "M_INVALID_PARAM" {
+			t.Fatalf("send_knock of a join: %d %s", r.Status, r.Raw)
+		}
+		if r := sendKnock(roomID, "$other", json.RawMessage(knock.JSON())); r.Status != 400 || r.Errcode() != "M_INVALID_PARAM" {
+			t.Fatalf("send_knock at another event ID: %d %s", r.Status, r.Raw)
+		}
+		var unsigned map[string]any
+		_ = json.Unmarshal(knock.JSON(), &unsigned)
+		unsigned["signatures"] = map[string]any{}
+		if r := sendKnock(roomID, knock.EventID(), unsigned); r.Status != 403 || r.Errcode() != "M_FORBIDDEN" {
+			t.Fatalf("send_knock of an unsigned knock: %d %s", r.Status, r.Raw)
+		}
+		if r := sendKnock(roomID, knock.EventID(), map[string]any{"type": "m.room.member"}); r.Status != 400 {
+			t.Fatalf("send_knock of a stub: %d %s", r.Status, r.Raw)
+		}
+		if m := memberOn(t, n, alice, roomID, eve); m != nil {
+			t.Fatalf("eve after refused knocks %v", m)
+		}
+
+		r = sendKnock(roomID, knock.EventID(), json.RawMessage(knock.JSON()))
+		if r.Status != 200 {
+			t.Fatalf("send_knock: %d %s", r.Status, r.Raw)
+		}
+		var types []string
+		for _, e := range asList(r.Body["knock_room_state"]) {
+			ev := e.(map[string]any)
+			if ev["event_id"] != nil || ev["sender"] == nil {
+				t.Fatalf("not stripped state: %v", ev)
+			}
+			types = append(types, ev["type"].(string))
+		}
+		slices.Sort(types)
+		if !slices.Equal(types, []string{"m.room.create", "m.room.join_rules", "m.room.name"}) {
+			t.Fatalf("knock_room_state %v", types)
+		}
+		if m := memberOn(t, n, alice, roomID, eve); m["membership"] != "knock" || m["reason"] != "knock knock" {
+			t.Fatalf("eve's knock on the daemon %v", m)
 		}
 	})
 }
