@@ -315,3 +315,62 @@ func TestKnockHandshakeServed(t *testing.T) {
 		}
 	})
 }
+
+// A join sent to send_join naming one of the daemon's users as its
+// authorising user, from a user in none of the allowed rooms (its server
+// built it without make_join): refused, and the user stays out.
+func TestRestrictedSendJoinChecked(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		alice := n.Register(t, "alice", "")
+		o := testutil.NewOrigin(t)
+		eve := "@eve:" + o.Name
+		space := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{"preset": "public_chat"})["room_id"].(string)
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{"preset": "private_chat",
+			"initial_state": []any{map[string]any{"type": "m.room.join_rules", "content": map[string]any{"join_rule": "knock_restricted",
+				"allow": []any{map[string]any{"type": "m.room_membership", "room_id": space}}}}}})["room_id"].(string)
+
+		// make_join refuses eve.
+		path := "/_matrix/federation/v1/make_join/" + url.PathEscape(roomID) + "/" + url.PathEscape(eve) + "?ver=11"
+		if r := testutil.SendTo(t, n, o.SignedRequest(t, "GET", n.ServerName, path, nil, "", nil)); r.Status != 403 || r.Errcode() != "M_FORBIDDEN" {
+			t.Fatalf("make_join for eve: %d %s", r.Status, r.Raw)
+		}
+		// eve's server builds the join from a knock template instead.
+		path = "/_matrix/federation/v1/make_knock/" + url.PathEscape(roomID) + "/" + url.PathEscape(eve) + "?ver=11"
+		r := testutil.SendTo(t, n, o.SignedRequest(t, "GET", n.ServerName, path, nil, "", nil))
+		if r.Status != 200 {
+			t.Fatalf("make_knock: %d %s", r.Status, r.Raw)
+		}
+		var tmpl struct {
+			Event gomatrixserverlib.ProtoEvent `json:"event"`
+		}
+		if err := json.Unmarshal(r.Raw, &tmpl); err != nil {
+			t.Fatal(err)
+		}
+		var aliceMember string
+		for _, e := range asList(n.Must(t, "GET", rpath(roomID, "/members"), alice.Token, nil)["chunk"]) {
+			if ev := e.(map[string]any); ev["state_key"] == alice.UserID {
+				aliceMember = ev["event_id"].(string)
+			}
+		}
+		var auth []string
+		raw, _ := json.Marshal(tmpl.Event.AuthEvents)
+		_ = json.Unmarshal(raw, &auth)
+		proto := tmpl.Event
+		proto.AuthEvents = append(auth, aliceMember)
+		if err := proto.SetContent(map[string]any{"membership": "join", "join_authorised_via_users_server": alice.UserID}); err != nil {
+			t.Fatal(err)
+		}
+		join, err := gomatrixserverlib.MustGetRoomVersion("11").NewEventBuilderFromProtoEvent(&proto).Build(time.Now(), spec.ServerName(o.Name), o.KeyID, o.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path = "/_matrix/federation/v2/send_join/" + url.PathEscape(roomID) + "/" + url.PathEscape(join.EventID())
+		if r := testutil.SendTo(t, n, o.SignedRequest(t, "PUT", n.ServerName, path, json.RawMessage(join.JSON()), "", nil)); r.Status != 403 || r.Errcode() != "M_FORBIDDEN" {
+			t.Fatalf("send_join of a forged authorised join: %d %s", r.Status, r.Raw)
+		}
+		if m := memberOn(t, n, alice, roomID, eve); m != nil {
+			t.Fatalf("eve after the refused join %v", m)
+		}
+	})
+}

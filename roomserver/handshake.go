@@ -298,6 +298,9 @@ func (s *Service) SendJoin(ctx context.Context, origin, roomID, eventID string, 
 	if err != nil {
 		return SendJoinAnswer{}, mxerr.InvalidParam("%q is not a room ID", roomID)
 	}
+	if err := s.checkAuthorisedJoin(ctx, room, raw); err != nil {
+		return SendJoinAnswer{}, err
+	}
 	res, err := gomatrixserverlib.HandleSendJoin(gomatrixserverlib.HandleSendJoinInput{
 		Context: ctx, RoomID: *rid, EventID: eventID, JoinEvent: spec.RawJSON(raw),
 		RoomVersion: gomatrixserverlib.RoomVersion(room.RoomVersion), RequestOrigin: spec.ServerName(origin),

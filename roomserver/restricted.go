@@ -199,3 +199,25 @@ func (s *Service) authoriseLocalJoin(ctx context.Context, roomID, userID string,
 	}
 	return nil
 }
+
+// checkAuthorisedJoin checks a join sent to /send_join that names one of
+// our users as its authorising user: the joining user must be allowed by
+// the room's join rule as make_join would have found (the signature this
+// server adds vouches for it).
+func (s *Service) checkAuthorisedJoin(ctx context.Context, room storage.Room, raw json.RawMessage) error {
+	var ev struct {
+		Sender  string `json:"sender"`
+		Content struct {
+			Via any `json:"join_authorised_via_users_server"`
+		} `json:"content"`
+	}
+	if json.Unmarshal(raw, &ev) != nil {
+		return nil // gomatrixserverlib refuses it
+	}
+	via, ok := ev.Content.Via.(string)
+	if !ok || !s.isLocalUser(via) {
+		return nil
+	}
+	_, err := s.authoriseRestrictedJoin(ctx, room, ev.Sender)
+	return err
+}
