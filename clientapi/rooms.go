@@ -37,6 +37,7 @@ func (a *API) roomRoutes(s, room prefixed) {
 	s.Handle("/joined_rooms", a.authed(a.joinedRooms)).Methods(http.MethodGet)
 	s.Handle("/join/{roomIdOrAlias}", a.authed(a.join("roomIdOrAlias"))).Methods(http.MethodPost)
 	room.Handle("/rooms/{roomId}/join", a.authed(a.join("roomId"))).Methods(http.MethodPost)
+	a.knockRoutes(s)
 	room.Handle("/rooms/{roomId}/invite", a.authed(a.targeted(a.opts.Rooms.Invite))).Methods(http.MethodPost)
 	room.Handle("/rooms/{roomId}/kick", a.authed(a.targeted(a.opts.Rooms.Kick))).Methods(http.MethodPost)
 	room.Handle("/rooms/{roomId}/ban", a.authed(a.targeted(a.opts.Rooms.Ban))).Methods(http.MethodPost)

@@ -36,6 +36,7 @@ func (a *api) membershipRoutes(r *mux.Router) {
 	r.Handle("/_matrix/federation/v1/send_join/{roomId}/{eventId}", a.authed(v1Answer(a.sendJoin))).Methods(http.MethodPut)
 	r.Handle("/_matrix/federation/v1/send_leave/{roomId}/{eventId}", a.authed(v1Answer(a.sendLeave))).Methods(http.MethodPut)
 	r.Handle("/_matrix/federation/v2/invite/{roomId}/{eventId}", a.authed(a.invite)).Methods(http.MethodPut)
+	a.knockRoutes(r)
 }
 
 // v1Answer wraps a handshake's answer as v1 sends it: [200, answer].

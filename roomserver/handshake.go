@@ -257,11 +257,15 @@ func (s *Service) MakeJoin(ctx context.Context, origin, roomID, userID string, v
 	if len(remote) == 0 {
 		remote = []gomatrixserverlib.RoomVersion{gomatrixserverlib.RoomVersionV1}
 	}
+	rq, err := s.restrictedJoinQuerier(ctx, room, userID)
+	if err != nil {
+		return Template{}, err
+	}
 	res, err := gomatrixserverlib.HandleMakeJoin(gomatrixserverlib.HandleMakeJoinInput{
 		Context: ctx, UserID: *user, SenderID: spec.SenderID(userID), RoomID: *rid,
 		RoomVersion: gomatrixserverlib.RoomVersion(room.RoomVersion), RemoteVersions: remote,
 		RequestOrigin: spec.ServerName(origin), LocalServerName: spec.ServerName(s.opts.ServerName), LocalServerInRoom: true,
-		RoomQuerier: querier{s}, UserIDQuerier: userIDForSender,
+		RoomQuerier: rq, UserIDQuerier: userIDForSender,
 		BuildEventTemplate: func(p *gomatrixserverlib.ProtoEvent) (gomatrixserverlib.PDU, []gomatrixserverlib.PDU, error) {
 			return s.buildTemplate(ctx, room, p)
 		},
@@ -293,6 +297,9 @@ func (s *Service) SendJoin(ctx context.Context, origin, roomID, eventID string, 
 	rid, err := spec.NewRoomID(roomID)
 	if err != nil {
 		return SendJoinAnswer{}, mxerr.InvalidParam("%q is not a room ID", roomID)
+	}
+	if err := s.checkAuthorisedJoin(ctx, room, raw); err != nil {
+		return SendJoinAnswer{}, err
 	}
 	res, err := gomatrixserverlib.HandleSendJoin(gomatrixserverlib.HandleSendJoinInput{
 		Context: ctx, RoomID: *rid, EventID: eventID, JoinEvent: spec.RawJSON(raw),
@@ -702,7 +709,16 @@ func (s *Service) rejectRemoteInvite(ctx context.Context, userID, roomID string)
 	if len(invite) == 0 || s.opts.Handshakes == nil {
 		return errNoRoom(roomID)
 	}
-	server := matrixid.Server(invite[0].Sender)
+	return s.leaveThrough(ctx, matrixid.Server(invite[0].Sender), userID, roomID)
+}
+
+// leaveThrough leaves a room this server is not in through server
+// (make_leave, send_leave), then keeps the leave as the user's
+// membership.
+func (s *Service) leaveThrough(ctx context.Context, server, userID, roomID string) error {
+	if s.opts.Handshakes == nil {
+		return errNoRoom(roomID)
+	}
 	proto, version, err := s.opts.Handshakes.MakeLeave(ctx, server, roomID, userID)
 	if err != nil {
 		return remoteJoinError(ctx, err)

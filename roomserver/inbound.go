@@ -148,8 +148,12 @@ func (s *Service) receivePDU(ctx context.Context, origin string, raw json.RawMes
 		return fallbackID(raw), fmt.Errorf("invalid event: %v", err)
 	}
 	if len(room.Extremities) == 0 {
-		// Known from an invite (or its rejection) only: nothing of the
-		// room is placed here, and nothing is until a join.
+		// Known from an invite or a knock (or its end) only: nothing of
+		// the room is placed here, and nothing is until a join, but for
+		// the room's answer to a local user's knock (knock.go).
+		if ok, err := s.receiveKnockAnswer(ctx, origin, ev); ok || err != nil {
+			return ev.EventID(), err
+		}
 		return ev.EventID(), errors.New("this server is not in the room")
 	}
 	defer s.lock(head.RoomID)()

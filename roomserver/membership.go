@@ -63,7 +63,7 @@ func (s *Service) join(ctx context.Context, userID, roomIDOrAlias string, extra 
 	}
 	content := map[string]any{}
 	for k, v := range extra {
-		if k != "third_party_signed" {
+		if k != "third_party_signed" && k != "join_authorised_via_users_server" {
 			content[k] = v
 		}
 	}
@@ -72,6 +72,9 @@ func (s *Service) join(ctx context.Context, userID, roomIDOrAlias string, extra 
 		return "", err
 	}
 	if local {
+		if err := s.authoriseLocalJoin(ctx, roomID, userID, content); err != nil {
+			return "", err
+		}
 		if _, err := s.send(ctx, roomID, userID, spec.MRoomMember, &userID, content, nil); err != nil {
 			return "", err
 		}
@@ -158,13 +161,16 @@ func (s *Service) Leave(ctx context.Context, userID, roomID, reason string) erro
 			return errNoRoom(roomID)
 		}
 		return mxerr.Forbidden("you are not in room %s", roomID)
-	} else if m == spec.Invite {
+	} else if m == spec.Invite || m == spec.Knock {
 		// An invite to a room this server is not in is rejected through
-		// the inviter's server.
+		// the inviter's server; a knock on one is withdrawn through the
+		// room's servers.
 		if in, err := s.localServerInRoom(ctx, roomID); err != nil {
 			return err
-		} else if !in {
+		} else if !in && m == spec.Invite {
 			return s.rejectRemoteInvite(ctx, userID, roomID)
+		} else if !in {
+			return s.withdrawRemoteKnock(ctx, userID, roomID)
 		}
 	}
 	_, err := s.member(ctx, roomID, userID, userID, spec.Leave, reason)

@@ -165,6 +165,8 @@ type SyncRooms struct {
 	Join   map[string]*JoinedRoom  `json:"join"`
 	Invite map[string]*InvitedRoom `json:"invite"`
 	Leave  map[string]*LeftRoom    `json:"leave"`
+	// Knock holds the rooms the user knocked on (knock.go).
+	Knock map[string]*KnockedRoom `json:"knock"`
 }
 
 // Events is a list of client events.
@@ -290,7 +292,7 @@ type LeftRoom struct {
 
 // Empty reports whether the section has no room.
 func (r *SyncRooms) Empty() bool {
-	return r == nil || len(r.Join)+len(r.Invite)+len(r.Leave) == 0
+	return r == nil || len(r.Join)+len(r.Invite)+len(r.Leave)+len(r.Knock) == 0
 }
 
 // strippedTypes are the state an invitee is shown of the room.
@@ -301,7 +303,8 @@ var strippedTypes = []string{
 
 // Sync builds the rooms part of /sync for the range (From, To].
 func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error) {
-	out := &SyncRooms{Join: map[string]*JoinedRoom{}, Invite: map[string]*InvitedRoom{}, Leave: map[string]*LeftRoom{}}
+	out := &SyncRooms{Join: map[string]*JoinedRoom{}, Invite: map[string]*InvitedRoom{}, Leave: map[string]*LeftRoom{},
+		Knock: map[string]*KnockedRoom{}}
 	memberships := req.Memberships
 	if !req.HaveMemberships {
 		var err error
@@ -360,6 +363,15 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 				return nil, err
 			}
 			out.Invite[m.RoomID] = inv
+		case spec.Knock:
+			if req.From != 0 && m.Pos <= req.From {
+				continue
+			}
+			k, err := s.knockState(ctx, m.EventID)
+			if err != nil {
+				return nil, err
+			}
+			out.Knock[m.RoomID] = k
 		default: // leave, ban
 			if (req.From == 0 && !req.Filter.Room.IncludeLeave) || (req.From != 0 && m.Pos <= req.From) {
 				continue
