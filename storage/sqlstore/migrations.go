@@ -672,6 +672,19 @@ CREATE TABLE push_cursor (
 );
 INSERT INTO push_cursor (id, pos) SELECT 1, pos FROM stream_position WHERE id = 1;
 `},
+	{29, "relations between events", `
+-- an event's relation to another of its room (content m.relates_to with
+-- rel_type and event_id): written with the event, deleted when it is
+-- redacted. Events stored before this step have none.
+CREATE TABLE event_relations (
+	event_id  {{TEXT}} PRIMARY KEY,
+	room_id   {{TEXT}} NOT NULL,
+	parent_id {{TEXT}} NOT NULL,
+	rel_type  {{TEXT}} NOT NULL
+);
+CREATE INDEX event_relations_parent ON event_relations (parent_id, rel_type);
+CREATE INDEX event_relations_room ON event_relations (room_id, rel_type);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
