@@ -34,6 +34,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -103,32 +104,52 @@ func (s *Service) Aggregations(ctx context.Context, userID string, evs []storage
 func (s *Service) roomAggregations(ctx context.Context, userID, roomID string, evs []storage.RoomEvent, out map[string]storage.Aggregations) error {
 	byID := map[string]storage.RoomEvent{}
 	asked := map[string]bool{}
-	var ids, roots []string
+	var ids []string
 	for _, ev := range evs {
 		if asked[ev.EventID] {
 			continue
 		}
 		byID[ev.EventID], asked[ev.EventID] = ev, true
 		ids = append(ids, ev.EventID)
-		if relType, _, ok := storage.RelationOf(ev.JSON); !ok || relType != Thread {
-			roots = append(roots, ev.EventID)
-		}
 	}
-	threads, err := s.db.ThreadSummaries(ctx, roomID, roots, userID)
-	if err != nil {
+	// Most events have no relations: one look at the table says which
+	// have, and of what types.
+	types, err := s.db.RelationTypes(ctx, roomID, ids)
+	if err != nil || len(types) == 0 {
 		return err
 	}
+	var roots, editable []string
+	for _, id := range ids {
+		for _, t := range types[id] {
+			switch t {
+			case Thread:
+				if relType, _, ok := storage.RelationOf(byID[id].JSON); !ok || relType != Thread {
+					roots = append(roots, id)
+				}
+			case Replace, Reference:
+				editable = append(editable, id)
+			}
+		}
+	}
+	editable = slices.Compact(editable)
+	threads := map[string]storage.ThreadSummary{}
+	if len(roots) > 0 {
+		if threads, err = s.db.ThreadSummaries(ctx, roomID, roots, userID); err != nil {
+			return err
+		}
+	}
 	// The latest replies' edits are bundled with them.
-	editable := ids
 	for _, sum := range threads {
 		if _, ok := byID[sum.Latest.EventID]; !ok && sum.Latest.EventID != "" {
 			byID[sum.Latest.EventID] = sum.Latest
 			editable = append(editable, sum.Latest.EventID)
 		}
 	}
-	related, err := s.db.RelatedByType(ctx, roomID, editable, []string{Replace, Reference})
-	if err != nil {
-		return err
+	var related []storage.RelatedEvent
+	if len(editable) > 0 {
+		if related, err = s.db.RelatedByType(ctx, roomID, editable, []string{Replace, Reference}); err != nil {
+			return err
+		}
 	}
 	for root, sum := range threads {
 		sum.Participated = sum.Participated || byID[root].Sender == userID

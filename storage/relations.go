@@ -101,6 +101,9 @@ type Relations interface {
 	// ThreadSummaries sums up the threads of the roots named (those with
 	// replies), participation for userID.
 	ThreadSummaries(ctx context.Context, roomID string, roots []string, userID string) (map[string]ThreadSummary, error)
+	// RelationTypes returns, of the parents named, those with recorded
+	// relations and their types (shown or not): what may be worth reading.
+	RelationTypes(ctx context.Context, roomID string, parents []string) (map[string][]string, error)
 	// RelatedByType returns the events of the types named related to the
 	// parents named, oldest first.
 	RelatedByType(ctx context.Context, roomID string, parents, relTypes []string) ([]RelatedEvent, error)

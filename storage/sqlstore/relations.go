@@ -160,6 +160,35 @@ func (s *Store) ThreadSummaries(ctx context.Context, roomID string, roots []stri
 	return out, nil
 }
 
+// RelationTypes returns, of the parents named, those with recorded
+// relations and their types.
+func (s *Store) RelationTypes(ctx context.Context, roomID string, parents []string) (_ map[string][]string, err error) {
+	defer named("RelationTypes", &err)
+	out := map[string][]string{}
+	for len(parents) > 0 {
+		n := min(len(parents), 500)
+		rows, err := s.q.QueryContext(ctx, `SELECT DISTINCT parent_id, rel_type FROM event_relations
+			WHERE parent_id IN (`+placeholders(1, n)+`) AND room_id = $`+strconv.Itoa(n+1), append(args(nil, parents[:n]), roomID)...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var parent, relType string
+			if err := rows.Scan(&parent, &relType); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[parent] = append(out[parent], relType)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		parents = parents[n:]
+	}
+	return out, nil
+}
+
 // RelatedByType returns the events of the relation types named related to
 // the parents named, oldest first.
 func (s *Store) RelatedByType(ctx context.Context, roomID string, parents, relTypes []string) (_ []storage.RelatedEvent, err error) {
