@@ -116,6 +116,7 @@ type Store interface {
 	RoomAlias(ctx context.Context, alias string) (storage.RoomAlias, error)
 	RoomAliases(ctx context.Context, roomID string) ([]string, error)
 	DeleteRoomAlias(ctx context.Context, alias string) error
+	SetRoomPublished(ctx context.Context, roomID string, published bool) error
 	ForgetRoom(ctx context.Context, userID, roomID string) error
 	SnapshotStore
 	SyncStore
@@ -149,6 +150,9 @@ type Options struct {
 	Sink       MembershipSink
 	// Profiles fill local users' member events; nil: they carry none.
 	Profiles Profiles
+	// Upgrades hears of local users joining rooms that replaced others;
+	// nil: nobody.
+	Upgrades UpgradeFollower
 	// KeyRing checks other servers' signatures on events.
 	KeyRing *gomatrixserverlib.KeyRing
 	// Remote fetches events from other servers; nil: none are fetched.
