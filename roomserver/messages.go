@@ -324,6 +324,9 @@ type ContextRequest struct {
 	UserID, RoomID, EventID string
 	Limit                   string // "" for the default
 	Filter                  string // a RoomEventFilter as JSON; "" for none
+	// Before and After, when set, are how many events to read on each
+	// side instead of Limit split in two (the context of a search).
+	Before, After *int
 }
 
 // ContextResponse is the answer to /context: events_before newest first,
@@ -391,11 +394,15 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		last := page[len(page)-1].Pos
 		return orEmpty(evs), &last, err
 	}
-	before, oldest, err := around(math.MinInt64, ev.Pos-1, limit/2, false)
+	nBefore, nAfter := limit/2, limit-limit/2
+	if req.Before != nil && req.After != nil {
+		nBefore, nAfter = *req.Before, *req.After
+	}
+	before, oldest, err := around(math.MinInt64, ev.Pos-1, nBefore, false)
 	if err != nil {
 		return ContextResponse{}, err
 	}
-	after, newest, err := around(ev.Pos, r.upTo, limit-limit/2, true)
+	after, newest, err := around(ev.Pos, r.upTo, nAfter, true)
 	if err != nil {
 		return ContextResponse{}, err
 	}

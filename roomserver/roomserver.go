@@ -207,7 +207,7 @@ func New(db Store, opts Options) *Service {
 }
 
 // DefaultRoomVersion is the version of rooms created without one.
-const DefaultRoomVersion = gomatrixserverlib.RoomVersionV10
+const DefaultRoomVersion = gomatrixserverlib.RoomVersionV11
 
 // MaxEventBytes bounds an event as federation JSON.
 const MaxEventBytes = 65536

@@ -37,6 +37,7 @@ type Database interface {
 	Relations
 	RoomAliases
 	RoomDirectory
+	SearchIndex
 	SyncFilters
 	Health
 }

@@ -51,6 +51,7 @@ import (
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/relations"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/search"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -288,6 +289,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		PublicRooms:     s.PublicRooms,
 		InitialSync:     initialsync.New(s.Rooms, store),
 		UserDirectory:   userdirectory.New(store, cfg.ClientAPI.UserDirectory.SearchAllUsers),
+		Search:          search.New(store, searchRooms{s.Rooms}),
 		TURN: voip.New(voip.Config{URIs: turn.URIs, SharedSecret: turn.SharedSecret,
 			Username: turn.Username, Password: turn.Password, UserLifetime: turn.UserLifetime.Duration()}, o.Now),
 		Rooms:      s.Rooms,

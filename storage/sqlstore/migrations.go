@@ -685,6 +685,19 @@ CREATE TABLE event_relations (
 CREATE INDEX event_relations_parent ON event_relations (parent_id, rel_type);
 CREATE INDEX event_relations_room ON event_relations (room_id, rel_type);
 `},
+	{31, "full-text search of room events", `
+-- the words of the room events /search finds (message bodies, room names
+-- and topics), by event_nid
+{{EVENT_SEARCH}}
+
+-- the event_nid up to which room events are in the index: events are
+-- indexed in the order they were stored, history included
+CREATE TABLE search_position (
+	id        INTEGER PRIMARY KEY,
+	event_nid {{BIGINT}} NOT NULL
+);
+INSERT INTO search_position (id, event_nid) VALUES (1, 0);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
