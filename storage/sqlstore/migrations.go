@@ -732,10 +732,10 @@ func (s *Store) migrate(ctx context.Context) error {
 	if newest.Valid && int(newest.Int64) > latest {
 		return fmt.Errorf("%w: schema version %d, this program knows up to %d", storage.ErrTooNew, newest.Int64, latest)
 	}
+	// Every step not applied yet is applied, also one numbered below the
+	// newest applied (steps made side by side are released in any order):
+	// apply skips those applied.
 	for _, m := range migrations {
-		if newest.Valid && m.version <= int(newest.Int64) {
-			continue
-		}
 		if err := s.apply(ctx, conn, m); err != nil {
 			return fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
 		}
