@@ -191,8 +191,12 @@ func TestRelationsEndpoint(t *testing.T) {
 			t.Errorf("recursed annotations: %v", got)
 		}
 		q.Set("recurse", "false")
-		if got := eventIDsOf(t, srv.Must(t, "GET", relationsPath(roomID, root, q, "m.annotation"), bob.Token, nil)["chunk"]); len(got) != 0 {
+		flat := srv.Must(t, "GET", relationsPath(roomID, root, q, "m.annotation"), bob.Token, nil)
+		if got := eventIDsOf(t, flat["chunk"]); len(got) != 0 {
 			t.Errorf("recurse=false annotations: %v", got)
+		}
+		if flat["recursion_depth"] != float64(1) {
+			t.Errorf("recurse=false: recursion_depth %v", flat["recursion_depth"])
 		}
 
 		// carol joins after it all: under joined history she sees neither

@@ -143,9 +143,10 @@ func (s *Service) Relations(ctx context.Context, req RelationsRequest) (Relation
 	if from != nil {
 		out.PrevBatch = streamtoken.FormatPage(*from)
 	}
-	if req.Recurse == "true" {
-		d := RecursionDepth
-		out.RecursionDepth = &d
+	if req.Recurse != "" {
+		// Given recurse, the answer says how deep it went (1: direct
+		// relations only), as the specification asks.
+		out.RecursionDepth = &depth
 	}
 	if page, err = s.visibleEvents(ctx, r.viewer, page); err != nil {
 		return RelationsResponse{}, err
