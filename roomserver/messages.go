@@ -36,6 +36,9 @@ type MessagesResponse struct {
 	Start string        `json:"start"`
 	End   string        `json:"end,omitempty"`
 	Chunk []ClientEvent `json:"chunk"`
+	// State holds, with a filter's lazy_load_members, the member events
+	// of the chunk's senders (lazymembers.go).
+	State []ClientEvent `json:"state,omitempty"`
 }
 
 // DefaultMessagesLimit and MaxMessagesLimit bound a page.
@@ -63,6 +66,10 @@ type RoomEventFilter struct {
 	Senders     *[]string `json:"senders"`
 	NotSenders  []string  `json:"not_senders"`
 	ContainsURL *bool     `json:"contains_url"`
+	// LazyLoadMembers asks /messages for the member events of the
+	// senders of its chunk (in /sync it is read from the state filter,
+	// StateFilter).
+	LazyLoadMembers bool `json:"lazy_load_members"`
 }
 
 // active reports whether the filter leaves any event out.
@@ -288,6 +295,11 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 		}
 		if len(out.Chunk) >= limit {
 			break
+		}
+	}
+	if filter.LazyLoadMembers {
+		if out.State, err = s.chunkMembers(ctx, out.Chunk); err != nil {
+			return MessagesResponse{}, err
 		}
 	}
 	return out, nil

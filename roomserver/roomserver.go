@@ -190,6 +190,9 @@ type Service struct {
 	// profiles fill local users' member events (Options.Profiles); nil:
 	// none.
 	profiles Profiles
+	// lazy remembers the member events each device was sent with lazy
+	// loading (lazymembers.go).
+	lazy lazySent
 }
 
 // New makes a Service.
