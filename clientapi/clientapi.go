@@ -168,6 +168,7 @@ func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Hand
 	a.profileRoutes(s)
 	a.roomRoutes(s, prefixed{rooms, clientVersions})
 	a.initialSyncRoutes(s, prefixed{rooms, clientVersions})
+	a.relationRoutes(r)
 	a.toDeviceRoutes(e2e)
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	a.mediaRoutes(prefixed{r, ""})

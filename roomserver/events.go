@@ -364,5 +364,6 @@ func (s *Service) Event(ctx context.Context, userID, roomID, eventID string) (Cl
 	if err != nil {
 		return ClientEvent{}, err
 	}
-	return clientEvent(p), nil
+	out := clientEvent(p)
+	return out, s.bundleOne(ctx, userID, ev, &out)
 }

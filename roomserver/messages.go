@@ -256,7 +256,7 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 		if keep, err = s.visibleEvents(ctx, r.viewer, keep); err != nil {
 			return MessagesResponse{}, err
 		}
-		evs, err := clientEvents(keep)
+		evs, err := s.bundledEvents(ctx, req.UserID, keep)
 		if err != nil {
 			return MessagesResponse{}, err
 		}
@@ -402,7 +402,7 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		if keep, err = s.visibleEvents(ctx, r.viewer, keep); err != nil {
 			return nil, nil, err
 		}
-		evs, err := clientEvents(keep)
+		evs, err := s.bundledEvents(ctx, req.UserID, keep)
 		last := page[len(page)-1].Pos
 		return orEmpty(evs), &last, err
 	}
@@ -430,6 +430,9 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		return ContextResponse{}, err
 	}
 	out.Event, out.EventsBefore, out.EventsAfter = clientEvent(p), before, after
+	if err := s.bundleOne(ctx, req.UserID, ev, &out.Event); err != nil {
+		return ContextResponse{}, err
+	}
 	if out.State, err = s.stateAfter(ctx, req.RoomID, last); err != nil {
 		return ContextResponse{}, err
 	}

@@ -166,6 +166,10 @@ type Options struct {
 	// RemoteTimeout bounds a request to another server made while a
 	// client waits (default 10 s).
 	RemoteTimeout time.Duration
+	// Relations reads the relations between events (package relations):
+	// /relations, /threads and the aggregations bundled with the events
+	// shown; nil: none.
+	Relations Relations
 	// Federated queues our events for the other servers in their rooms,
 	// in the transaction that writes them (storage.RoomWrite.Federate);
 	// the write's result says so (PDUsQueued), and Sink pokes the sender.

@@ -427,7 +427,7 @@ func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncReque
 	}
 	limited = limited || gapped
 	timeline := Timeline{Limited: limited}
-	if timeline.Events, err = clientEvents(evs); err != nil {
+	if timeline.Events, err = s.bundledEvents(ctx, req.UserID, evs); err != nil {
 		return Timeline{}, Events{}, err
 	}
 	timeline.Events = orEmpty(timeline.Events)

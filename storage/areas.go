@@ -34,6 +34,7 @@ type Database interface {
 	Profiles
 	UserDirectory
 	Rooms
+	Relations
 	RoomAliases
 	RoomDirectory
 	SearchIndex

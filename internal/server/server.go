@@ -49,6 +49,7 @@ import (
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/relations"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/search"
 	"github.com/keyserver/keyserver/spaces"
@@ -224,6 +225,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	// The domains /sync reads from.
 	ro := roomserver.Options{ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
 		Sink: roomserver.Sinks{s.Pushers, ch}, Upgrades: s.PushRules, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
+	ro.Relations = relations.New(store)
 	var profileRemote profile.Remote
 	var roomsRemote publicrooms.Remote
 	if s.Federation != nil {

@@ -140,11 +140,19 @@ func (s *Store) txInsertOutlier(ctx context.Context, tx *txn, ev storage.RoomEve
 	if ev.StateKey != nil {
 		stateKey = *ev.StateKey
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO room_events
+	r, err := tx.ExecContext(ctx, `INSERT INTO room_events
 		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, outlier, rejected)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9) ON CONFLICT (event_id) DO NOTHING`,
 		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), boolInt(ev.Rejected))
-	return err
+	if err != nil {
+		return err
+	}
+	// An event stored before keeps what it had (its relation forgotten
+	// if it was redacted since).
+	if n, err := r.RowsAffected(); err != nil || n == 0 {
+		return err
+	}
+	return txPutRelation(ctx, tx, ev)
 }
 
 // placedEvent is what placing an ingested event made.

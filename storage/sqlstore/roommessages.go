@@ -27,10 +27,10 @@ import (
 
 // isPlainMessage says whether w is a message writeMessages can write:
 // one event that changes no state, built on a known head of a room with
-// one extremity, redacting nothing.
+// one extremity, redacting nothing, declaring no relation.
 func isPlainMessage(w storage.RoomWrite) bool {
 	return w.Create == nil && w.Head != 0 && len(w.Events) == 1 && w.Events[0].StateKey == nil &&
-		len(w.Redactions) == 0 && w.Alias == "" && len(w.Extremities) == 1
+		len(w.Redactions) == 0 && w.Alias == "" && len(w.Extremities) == 1 && !hasRelation(w)
 }
 
 // writeMessage writes a plain message, whose room's members are at

@@ -281,6 +281,9 @@ func (s *Store) txReplaceExtremities(ctx context.Context, tx *txn, roomID string
 
 // txRedact replaces redacted events' JSON.
 func txRedact(ctx context.Context, tx *txn, redactions []storage.RoomRedaction) error {
+	if err := txForgetRelations(ctx, tx, redactions); err != nil {
+		return err
+	}
 	for _, r := range redactions {
 		if _, err := tx.ExecContext(ctx, `UPDATE room_events SET event_json = $1 WHERE event_id = $2 AND room_id = $3`,
 			string(r.JSON), r.EventID, r.RoomID); err != nil {
@@ -322,6 +325,9 @@ func (s *Store) txWriteRoomEvent(ctx context.Context, tx *txn, ev storage.RoomEv
 		(event_id, room_id, event_type, state_key, sender, depth, room_version, event_json, state_before, state_after, pos)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING event_nid`,
 		ev.EventID, ev.RoomID, ev.Type, stateKey, ev.Sender, ev.Depth, ev.RoomVersion, string(ev.JSON), *snapshot, next, position).Scan(&nid); err != nil {
+		return 0, err
+	}
+	if err := txPutRelation(ctx, tx, ev); err != nil {
 		return 0, err
 	}
 	if ev.StateKey == nil {
