@@ -38,6 +38,7 @@ type Database interface {
 	RoomDirectory
 	SyncFilters
 	Health
+	PresenceStore
 }
 
 // Accounts are the local users' accounts and passwords.

@@ -45,6 +45,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/media"
+	"github.com/keyserver/keyserver/presence"
 	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
@@ -120,6 +121,9 @@ type Server struct {
 	PushRules  *pushrules.Service
 	Pushers    *pusher.Service
 	Media      *media.Service
+	// Presence keeps the users' presence (off, it answers as Synapse
+	// does with presence off).
+	Presence *presence.Service
 	// Transactions routes other servers' transactions to the domains.
 	Transactions *fedrouter.Router
 	// Parker holds parked /sync connections (nil without
@@ -193,7 +197,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Now:                       o.Now,
 		Notifier:                  s.Notifier,
 	}
-	*t.Sender = federationsender.Options{Workers: cfg.Federation.SenderWorkers, ToDevice: store, PDUs: store,
+	*t.Sender = federationsender.Options{Workers: cfg.Federation.SenderWorkers, ToDevice: store, PDUs: store, Presence: store,
 		ServerName: cfg.ServerName, DeviceNames: cfg.Federation.AllowDeviceNames, FormatUpdate: crosssigning.UpdateEDU, Logger: log}
 	*t.Updater = updater.Options{Logger: log, Wake: updater.NewSignal()}
 	if o.Tune != nil {
@@ -240,19 +244,32 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Users = userapi.New(store, *t.Users)
 
 	s.AccountData = accountdata.New(store, ch.StreamAdvanced)
+	po := presence.Options{ServerName: cfg.ServerName, Enabled: cfg.Presence.Enabled, Changed: ch.StreamAdvanced,
+		Logger: log, Now: o.Now}
+	if o.Federated {
+		po.Queued = ch.OutboundQueued
+	}
+	s.Presence = presence.New(store, po)
+	// With presence off, /sync has no presence section and other
+	// servers' presence is ignored.
+	var syncPresence syncapi.Presence
+	var fedPresence fedrouter.PresenceReceiver
+	if cfg.Presence.Enabled {
+		syncPresence, fedPresence = s.Presence, s.Presence
+	}
 
 	// The keys domain, then /sync, which reads from it and the others.
 	t.Keys.Passwords = s.Users
 	s.Keys = keyserver.New(store, *t.Keys)
 	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
 		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
-		Rooms: s.Rooms, Unread: s.Pushers})
+		Rooms: s.Rooms, Unread: s.Pushers, Presence: syncPresence})
 	if o.Federated {
 		s.Updater = updater.New(store, s.Keys.ResyncStale, *t.Updater)
 	}
 	// Other servers' transactions, routed to the domains.
 	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.Keys, DirectToDevice: s.ToDevice,
-		PDUs: s.Rooms, Now: o.Now})
+		PDUs: s.Rooms, Presence: fedPresence, Now: o.Now})
 	s.Dehydrated = dehydrated.New(store, dehydratedKeys{s.Keys}, ch.DeviceListChanged, o.Now)
 	if s.Media, err = newMedia(cfg, store, s.Federation, log, o.Now); err != nil {
 		return nil, err
@@ -288,6 +305,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Dehydrated: s.Dehydrated,
 		Parker:     s.Parker,
 		Media:      s.Media,
+		Presence:   s.Presence,
 	})
 	s.FederationAPI = federationapi.NewHandler(s.Keys, s.Transactions, federationapi.Options{
 		ServerName:      cfg.ServerName,
@@ -352,6 +370,7 @@ func (s *Server) Start() {
 	}
 	run(func(ctx context.Context) { s.Notifier.Watch(ctx, s.Store, s.Log) })
 	run(s.Pushers.Run)
+	run(s.Presence.Run)
 	if s.Sender != nil {
 		run(s.Sender.Run)
 	}
