@@ -179,9 +179,9 @@ func (s *Store) PresenceChanges(ctx context.Context, userID string, from, to sto
 	if to <= from {
 		return nil, nil
 	}
-	q := `SELECT ` + presenceColumns + ` FROM presence WHERE pos > $2 AND pos <= $3 AND (user_id = $1 OR user_id IN (
+	q := `SELECT ` + presenceColumns + ` FROM presence WHERE (user_id = $1 OR user_id IN (
 		SELECT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
-		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join'))`
+		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join')) AND pos > $2 AND pos <= $3`
 	if from == 0 {
 		q += ` AND state <> 'offline'`
 	}
