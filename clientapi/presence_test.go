@@ -158,8 +158,22 @@ func TestPresenceInSync(t *testing.T) {
 			t.Fatalf("bob's woken sync: %s", woken.Raw)
 		}
 		// carol does not see it.
+		carolSince := roomSync(t, srv, carol, nil)["next_batch"].(string)
 		if evs, _ := presenceEvents(t, roomSync(t, srv, carol, url.Values{"since": {since}})); evs[alice.UserID] != nil {
 			t.Fatalf("carol sees alice: %v", evs)
+		}
+
+		// Once carol joins, her next sync has the presence of the room's
+		// members, and bob's has hers, though neither changed since.
+		bobSince := woken.Body["next_batch"].(string)
+		srv.Must(t, "POST", roomPath(roomID, "/join"), carol.Token, map[string]any{})
+		evs, _ = presenceEvents(t, roomSync(t, srv, carol, url.Values{"since": {carolSince}, "set_presence": {"offline"}}))
+		if !slices.Equal(senderNames(evs), []string{alice.UserID, bob.UserID}) || evs[alice.UserID]["status_msg"] != "brb" {
+			t.Fatalf("carol's sync after joining: %v", evs)
+		}
+		evs, _ = presenceEvents(t, roomSync(t, srv, bob, url.Values{"since": {bobSince}, "set_presence": {"offline"}}))
+		if !slices.Equal(senderNames(evs), []string{carol.UserID}) || evs[carol.UserID]["presence"] != "online" {
+			t.Fatalf("bob's sync after carol joined: %v", evs)
 		}
 	})
 }

@@ -63,8 +63,9 @@ type PresenceStore interface {
 	UpdatePresence(ctx context.Context, userID string, decide func(prev Presence, stored bool) PresenceWrite) (Change, bool, error)
 	// PresenceChanges returns the presence of userID and of the users
 	// joined to a room userID is joined to whose last change is in
-	// (from, to]; from 0 returns every such presence up to to that is not
-	// offline.
+	// (from, to], and of those (not offline) who began to share a room
+	// with userID in the range; from 0 returns every such presence up to
+	// to that is not offline.
 	PresenceChanges(ctx context.Context, userID string, from, to StreamPos) ([]Presence, error)
 	// DuePresence lists up to limit users whose presence may have timed
 	// out (see PresenceDue); offline ones never are.

@@ -173,7 +173,9 @@ func (s *Store) txPresenceDestinations(ctx context.Context, tx *txn, userID stri
 
 // PresenceChanges returns the presence of userID and of the users joined
 // to a room userID is joined to, changed in (from, to]; from 0: every
-// such presence up to to that is not offline.
+// such presence up to to that is not offline. With from, it also returns
+// the presence (not offline) of the users who began to share a room with
+// userID in the range (either joined), as Synapse adds the newly joined.
 func (s *Store) PresenceChanges(ctx context.Context, userID string, from, to storage.StreamPos) (_ []storage.Presence, err error) {
 	defer named("PresenceChanges", &err)
 	if to <= from {
@@ -184,6 +186,11 @@ func (s *Store) PresenceChanges(ctx context.Context, userID string, from, to sto
 		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join')) AND pos > $2 AND pos <= $3`
 	if from == 0 {
 		q += ` AND state <> 'offline'`
+	} else {
+		q += ` UNION SELECT ` + presenceColumns + ` FROM presence WHERE user_id IN (
+		SELECT theirs.user_id FROM memberships mine JOIN memberships theirs ON theirs.room_id = mine.room_id
+		WHERE mine.user_id = $1 AND mine.membership = 'join' AND theirs.membership = 'join' AND theirs.user_id <> $1
+		AND ((theirs.pos > $2 AND theirs.pos <= $3) OR (mine.pos > $2 AND mine.pos <= $3))) AND state <> 'offline' AND pos <= $3`
 	}
 	rows, err := s.q.QueryContext(ctx, q+` ORDER BY pos`, userID, from, to)
 	if err != nil {
