@@ -10,7 +10,9 @@ import (
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
-func presencePath(userID string) string { return v3 + "/presence/" + url.PathEscape(userID) + "/status" }
+func presencePath(userID string) string {
+	return v3 + "/presence/" + url.PathEscape(userID) + "/status"
+}
 
 // presenceEvents returns the m.presence events of a /sync answer by
 // sender; ok false when the answer has no presence section.
