@@ -147,3 +147,33 @@ func TestPresenceOffBetweenServers(t *testing.T) {
 		}
 	})
 }
+
+// Presence set before a room is shared reaches the other server when its
+// user joins, without a change after: the joining server's user is sent
+// the room's members' presence, and the joiner's presence is sent to the
+// room's servers.
+func TestPresenceSentOnJoin(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		p := newRoomPair(t, db)
+		p.a.Must(t, "PUT", "/_matrix/client/v3/presence/"+url.PathEscape(p.alice.UserID)+"/status", p.alice.Token,
+			map[string]any{"presence": "online", "status_msg": "here first"})
+		p.b.Must(t, "PUT", "/_matrix/client/v3/presence/"+url.PathEscape(p.bob.UserID)+"/status", p.bob.Token,
+			map[string]any{"presence": "unavailable", "status_msg": "joining"})
+		// Nothing is queued while no room is shared.
+		for _, n := range []*testutil.Node{p.a, p.b} {
+			if d, err := n.Store.PresenceDestinations(context.Background()); err != nil || len(d) != 0 {
+				t.Fatalf("%s queued presence for %v (%v)", n.ServerName, d, err)
+			}
+		}
+		since := p.b.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0&set_presence=offline", p.bob.Token, nil)["next_batch"].(string)
+		presenceRoom(t, p)
+		eventually(t, "alice's presence to reach B", func() bool {
+			c, _ := presenceOf(p.b.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0&set_presence=offline&since="+url.QueryEscape(since), p.bob.Token, nil), p.alice.UserID)
+			return c != nil && c["presence"] == "online" && c["status_msg"] == "here first"
+		})
+		eventually(t, "bob's presence to reach A", func() bool {
+			got := p.a.Must(t, "GET", "/_matrix/client/v3/presence/"+url.PathEscape(p.bob.UserID)+"/status", p.alice.Token, nil)
+			return got["presence"] == "unavailable" && got["status_msg"] == "joining"
+		})
+	})
+}

@@ -18,11 +18,14 @@ type pushItem struct {
 }
 
 // ReceivePresence takes an m.presence EDU from origin: each entry about
-// one of origin's users who shares a room with a local user updates that
-// user's presence (as Synapse's incoming_presence does). Entries about
-// other servers' users, unknown states and malformed entries are dropped;
-// an error (of the database) fails the transaction, which origin then
-// sends again. With presence off the EDU is ignored.
+// one of origin's users updates that user's presence (as Synapse's
+// incoming_presence does). It is kept whether or not the user shares a
+// room with a local user yet: a server sends its users' presence when one
+// of ours joins a room with them, which may come before the join's state
+// is written here; only users sharing a room see it. Entries about other
+// servers' users, unknown states and malformed entries are dropped; an
+// error (of the database) fails the transaction, which origin then sends
+// again. With presence off the EDU is ignored.
 func (s *Service) ReceivePresence(ctx context.Context, origin string, content json.RawMessage) error {
 	if !s.o.Enabled {
 		return nil
@@ -48,15 +51,8 @@ func (s *Service) ReceivePresence(ctx context.Context, origin string, content js
 			s.o.Logger.WithFields(map[string]any{"origin": origin, "user_id": item.UserID, "presence": item.Presence}).Info("dropped an m.presence entry with an unknown state")
 			continue
 		}
-		shares, err := s.db.SharesRoomWithLocal(ctx, item.UserID)
-		if err != nil {
-			return err
-		}
-		if !shares {
-			continue // nobody here would see it
-		}
 		now := s.o.Now().UnixMilli()
-		err = s.write(ctx, item.UserID, func(prev storage.Presence, _ bool) storage.PresenceWrite {
+		err := s.write(ctx, item.UserID, func(prev storage.Presence, _ bool) storage.PresenceWrite {
 			next := prev
 			next.State, next.LastFederationUpdateTS = item.Presence, now
 			if item.LastActiveAgo != nil && *item.LastActiveAgo >= 0 {

@@ -79,9 +79,10 @@ type Store interface {
 	storage.PresenceStore
 	// AccountExists reports whether a local user has an account.
 	AccountExists(ctx context.Context, userID string) (bool, error)
-	// SharesRoomWithLocal reports whether a local user shares a room
-	// with userID.
-	SharesRoomWithLocal(ctx context.Context, userID string) (bool, error)
+	// RoomJoinedServers returns the servers with a user joined to a room.
+	RoomJoinedServers(ctx context.Context, roomID string) ([]string, error)
+	// CurrentPos returns the stream's newest position.
+	CurrentPos(ctx context.Context) (storage.StreamPos, error)
 }
 
 // Options configure the Service.
@@ -104,6 +105,9 @@ type Options struct {
 type Service struct {
 	db Store
 	o  Options
+	// joins are the positions of room writes to look at for joins (see
+	// joins.go).
+	joins chan storage.StreamPos
 }
 
 // New makes a Service.
@@ -117,7 +121,7 @@ func New(db Store, o Options) *Service {
 	if o.Changed == nil {
 		o.Changed = func(storage.Change) {}
 	}
-	return &Service{db: db, o: o}
+	return &Service{db: db, o: o, joins: make(chan storage.StreamPos, joinsBacklog)}
 }
 
 // Enabled reports whether presence is kept.
@@ -419,17 +423,34 @@ func (s *Service) HandleTimeouts(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Run checks the timeouts every TimeoutInterval until ctx ends.
+// Run checks the timeouts every TimeoutInterval, and sends presence to
+// the servers that room writes make share a room, until ctx ends.
 func (s *Service) Run(ctx context.Context) {
 	if !s.o.Enabled {
 		return
 	}
 	t := time.NewTicker(TimeoutInterval)
 	defer t.Stop()
+	// The joins looked at are those after the position at the start.
+	looked, err := s.db.CurrentPos(ctx)
+	if err != nil {
+		s.o.Logger.WithError(err).Warn("presence: cannot read the stream's position")
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case pos := <-s.joins:
+			if looked == 0 {
+				looked = pos - 1
+			}
+			if pos <= looked {
+				continue
+			}
+			if err := s.announceJoins(ctx, looked, pos); err != nil && ctx.Err() == nil {
+				s.o.Logger.WithError(err).Warn("presence for servers joining rooms")
+			}
+			looked = pos
 		case <-t.C:
 			if err := s.HandleTimeouts(ctx); err != nil && ctx.Err() == nil {
 				s.o.Logger.WithError(err).Warn("presence timeouts")

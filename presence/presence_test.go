@@ -342,9 +342,8 @@ func TestSyncingAndTimeouts(t *testing.T) {
 	})
 }
 
-// Other servers' presence: only about their own users, who share a room
-// with a local user, in a known state; it times out after
-// FederationTimeout without news.
+// Other servers' presence: only about their own users, in a known state;
+// it times out after FederationTimeout without news.
 func TestReceivePresence(t *testing.T) {
 	testdb.ForEachDatabase(t, func(t *testing.T, db testdb.Database) {
 		ctx := context.Background()
@@ -365,14 +364,18 @@ func TestReceivePresence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(stored) != 1 {
+		// xi shares no room yet: kept, seen by nobody.
+		if len(stored) != 2 || stored[zed].State != "online" || stored["@xi:remote.test"].State != "online" {
 			t.Fatalf("stored %+v", stored)
+		}
+		if _, err := f.s.Status(ctx, caller(alice), "@xi:remote.test"); func() bool { s, _ := errStatus(err); return s != 403 }() {
+			t.Fatalf("alice reads xi: %v", err)
 		}
 		st, err := f.s.Status(ctx, caller(alice), zed)
 		if err != nil || st.Presence != "online" || st.StatusMsg != "hi" || *st.LastActiveAgo != 5000 || !*st.CurrentlyActive {
 			t.Fatalf("zed: %+v %v", st, err)
 		}
-		if len(f.changes) != 1 || !slices.Equal(f.changes[0].Users, []string{alice, bob}) || f.queued != 0 {
+		if len(f.changes) != 2 || !slices.Equal(f.changes[0].Users, []string{alice, bob}) || len(f.changes[1].Users) != 0 || f.queued != 0 {
 			t.Fatalf("changes %+v, queued %d", f.changes, f.queued)
 		}
 		evs, _ := f.section(t, bob, 0)

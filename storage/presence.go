@@ -74,6 +74,16 @@ type PresenceStore interface {
 	// room.
 	ShareJoinedRoom(ctx context.Context, a, b string) (bool, error)
 
+	// JoinsIn returns the joins written in (from, to] (the memberships
+	// whose last change is there).
+	JoinsIn(ctx context.Context, from, to StreamPos) ([]RoomMember, error)
+	// RoomLocalPresence returns the stored presence of the local users
+	// joined to a room.
+	RoomLocalPresence(ctx context.Context, roomID string) ([]Presence, error)
+	// QueuePresence queues push entries (by user) for destinations, each
+	// replacing an unsent older one of its user.
+	QueuePresence(ctx context.Context, destinations []string, entries map[string]json.RawMessage) error
+
 	// PresenceDestinations, PendingPresence and MarkPresenceSent are the
 	// queue of presence for other servers: one entry of an m.presence
 	// push list per destination and user, the newest replacing an unsent

@@ -218,9 +218,17 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		AddressPolicy: t.Federation.AddressPolicy, MinBackoff: cfg.Push.MinBackoff.Duration(),
 		MaxBackoff: cfg.Push.MaxBackoff.Duration(), Timeout: cfg.Push.RequestTimeout.Duration(), Logger: log})
 
+	// Presence, which hears of room writes for the servers joining rooms.
+	po := presence.Options{ServerName: cfg.ServerName, Enabled: cfg.Presence.Enabled, Changed: ch.StreamAdvanced,
+		Logger: log, Now: o.Now}
+	if o.Federated {
+		po.Queued = ch.OutboundQueued
+	}
+	s.Presence = presence.New(store, po)
+
 	// The domains /sync reads from.
 	ro := roomserver.Options{ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
-		Sink: roomserver.Sinks{s.Pushers, ch}, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
+		Sink: roomserver.Sinks{s.Pushers, ch, s.Presence}, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
 	var profileRemote profile.Remote
 	var roomsRemote publicrooms.Remote
 	if s.Federation != nil {
@@ -244,12 +252,6 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Users = userapi.New(store, *t.Users)
 
 	s.AccountData = accountdata.New(store, ch.StreamAdvanced)
-	po := presence.Options{ServerName: cfg.ServerName, Enabled: cfg.Presence.Enabled, Changed: ch.StreamAdvanced,
-		Logger: log, Now: o.Now}
-	if o.Federated {
-		po.Queued = ch.OutboundQueued
-	}
-	s.Presence = presence.New(store, po)
 	// With presence off, /sync has no presence section and other
 	// servers' presence is ignored.
 	var syncPresence syncapi.Presence

@@ -687,6 +687,10 @@ CREATE TABLE presence (
 );
 CREATE INDEX presence_pos ON presence (pos);
 
+-- the joins of one write, found by its position (presence is sent to the
+-- servers that newly share a room)
+CREATE INDEX memberships_pos ON memberships (pos);
+
 -- the local users' presence waiting to be sent to other servers: one
 -- entry of an m.presence push list per destination and user
 CREATE TABLE outbound_presence (

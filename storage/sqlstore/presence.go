@@ -132,11 +132,7 @@ func (s *Store) UpdatePresence(ctx context.Context, userID string, decide func(p
 			return err
 		}
 		for _, d := range dests {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_presence WHERE destination = $1 AND user_id = $2`, d, userID); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO outbound_presence (destination, user_id, content) VALUES ($1, $2, $3)`,
-				d, userID, string(w.Federate)); err != nil {
+			if err := txQueuePresence(ctx, tx, d, userID, w.Federate); err != nil {
 				return err
 			}
 			queued = true
@@ -228,6 +224,82 @@ func (s *Store) ShareJoinedRoom(ctx context.Context, a, b string) (_ bool, err e
 	err = s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM memberships x JOIN memberships y ON y.room_id = x.room_id
 		WHERE x.user_id = $1 AND x.membership = 'join' AND y.user_id = $2 AND y.membership = 'join'`, a, b).Scan(&n)
 	return n > 0, err
+}
+
+// JoinsIn returns the joins written in (from, to].
+func (s *Store) JoinsIn(ctx context.Context, from, to storage.StreamPos) (_ []storage.RoomMember, err error) {
+	defer named("JoinsIn", &err)
+	rows, err := s.q.QueryContext(ctx, `SELECT room_id, user_id, pos FROM memberships WHERE pos > $1 AND pos <= $2 AND membership = 'join'
+		ORDER BY room_id, user_id`, from, to)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storage.RoomMember
+	for rows.Next() {
+		m := storage.RoomMember{Membership: storage.MembershipJoin}
+		if err := rows.Scan(&m.RoomID, &m.UserID, &m.Pos); err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// RoomLocalPresence returns the stored presence of the local users joined
+// to a room.
+func (s *Store) RoomLocalPresence(ctx context.Context, roomID string) (_ []storage.Presence, err error) {
+	defer named("RoomLocalPresence", &err)
+	rows, err := s.q.QueryContext(ctx, `SELECT `+presenceColumns+` FROM presence WHERE user_id IN (
+		SELECT user_id FROM memberships WHERE room_id = $1 AND membership = 'join' AND user_id LIKE $2) ORDER BY user_id`,
+		roomID, s.localPattern())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storage.Presence
+	for rows.Next() {
+		p, err := scanPresence(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// QueuePresence queues push entries for destinations, in one transaction.
+func (s *Store) QueuePresence(ctx context.Context, destinations []string, entries map[string]json.RawMessage) (err error) {
+	defer named("QueuePresence", &err)
+	if len(destinations) == 0 || len(entries) == 0 {
+		return nil
+	}
+	users := make([]string, 0, len(entries))
+	for u := range entries {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	return s.write(ctx, func(tx *txn) error {
+		for _, d := range destinations {
+			for _, u := range users {
+				if err := txQueuePresence(ctx, tx, d, u, entries[u]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// txQueuePresence queues one push entry, replacing an unsent older one of
+// the user (a new id puts it behind what is being sent).
+func txQueuePresence(ctx context.Context, tx *txn, destination, userID string, content json.RawMessage) error {
+	if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_presence WHERE destination = $1 AND user_id = $2`, destination, userID); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO outbound_presence (destination, user_id, content) VALUES ($1, $2, $3)`,
+		destination, userID, string(content))
+	return err
 }
 
 // PresenceDestinations lists the servers with presence waiting.
