@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
@@ -204,4 +205,45 @@ func TestPresenceDisabled(t *testing.T) {
 			t.Fatalf("stored %v (%v)", stored, err)
 		}
 	})
+}
+
+// Two daemons on one PostgreSQL database share presence: a status set
+// through one wakes the waiting /sync of a room member on the other, and
+// each reads what the other wrote.
+func TestPresenceAcrossDaemonsOfOneDatabase(t *testing.T) {
+	db := testutil.Postgres(t)
+	a1 := testutil.StartNode(t, db, nil)
+	a2 := testutil.StartNode(t, db, func(c *config.Config) { c.ServerName = a1.ServerName })
+	alice := a1.Register(t, "alice", "")
+	bob := a1.Register(t, "bob", "")
+	roomID := createRoom(t, a1.Server, alice, map[string]any{"preset": "public_chat"})
+	a1.Must(t, "POST", v3+"/join/"+url.PathEscape(roomID), bob.Token, nil)
+	since := a2.Must(t, "GET", v3+"/sync?timeout=0", bob.Token, nil)["next_batch"].(string)
+	done := make(chan testutil.Response, 1)
+	go func() {
+		done <- a2.Do(t, "GET", v3+"/sync?timeout=20000&since="+url.QueryEscape(since), bob.Token, nil)
+	}()
+	testutil.Eventually(t, "bob's /sync to wait on a2", func() bool { return a2.Parts.Sync.WaitingSyncs() == 1 })
+	// a2 may not listen to the database yet: statuses go until one is
+	// heard.
+	var woken testutil.Response
+	for i := 0; woken.Status == 0; i++ {
+		if i == 100 {
+			t.Fatal("bob's /sync on a2 never woke")
+		}
+		state := []string{"online", "unavailable"}[i%2]
+		a1.Must(t, "PUT", presencePath(alice.UserID), alice.Token, map[string]any{"presence": state, "status_msg": "via a1"})
+		select {
+		case woken = <-done:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	evs, _ := presenceEvents(t, woken.Body)
+	if a := evs[alice.UserID]; a == nil || a["status_msg"] != "via a1" {
+		t.Fatalf("bob's woken /sync on a2: %s", woken.Raw)
+	}
+	a2.Must(t, "PUT", presencePath(bob.UserID), bob.Token, map[string]any{"presence": "unavailable", "status_msg": "via a2"})
+	if got := a1.Must(t, "GET", presencePath(bob.UserID), alice.Token, nil); got["presence"] != "unavailable" || got["status_msg"] != "via a2" {
+		t.Fatalf("a1 reads bob: %v", got)
+	}
 }
