@@ -166,6 +166,10 @@ func (s *Service) SetStatus(ctx context.Context, c matrixid.Caller, userID strin
 		if r.Presence == Online {
 			next.LastActiveTS = now
 		}
+		// The client was there now: as in Synapse, where a PUT makes its
+		// device active, the user goes offline SyncOnlineTimeout after it
+		// unless they sync.
+		next.LastUserSyncTS = max(prev.LastUserSyncTS, now)
 		return next, true
 	})
 }

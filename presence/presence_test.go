@@ -339,6 +339,22 @@ func TestSyncingAndTimeouts(t *testing.T) {
 		if err := json.Unmarshal(queued[0].Content, &entry); err != nil || entry["user_id"] != bob || entry["presence"] != "unavailable" {
 			t.Fatalf("the ping's entry: %s", queued[0].Content)
 		}
+
+		// A status set without syncing lasts SyncOnlineTimeout.
+		start = f.now
+		if err := f.s.SetStatus(ctx, caller(carol), carol, presence.SetRequest{Presence: "unavailable", StatusMsg: str("away")}); err != nil {
+			t.Fatal(err)
+		}
+		f.now = start.Add(presence.SyncOnlineTimeout - time.Second)
+		timeouts()
+		if st := f.state(t, carol); st.Presence != "unavailable" {
+			t.Fatalf("carol before SyncOnlineTimeout: %+v", st)
+		}
+		f.now = start.Add(presence.SyncOnlineTimeout + time.Second)
+		timeouts()
+		if st := f.state(t, carol); st.Presence != "offline" || st.StatusMsg != "away" {
+			t.Fatalf("carol after SyncOnlineTimeout: %+v", st)
+		}
 	})
 }
 
