@@ -702,6 +702,19 @@ CREATE TABLE outbound_presence (
 CREATE UNIQUE INDEX outbound_presence_user ON outbound_presence (destination, user_id);
 CREATE INDEX outbound_presence_destination ON outbound_presence (destination, id);
 `},
+	{31, "full-text search of room events", `
+-- the words of the room events /search finds (message bodies, room names
+-- and topics), by event_nid
+{{EVENT_SEARCH}}
+
+-- the event_nid up to which room events are in the index: events are
+-- indexed in the order they were stored, history included
+CREATE TABLE search_position (
+	id        INTEGER PRIMARY KEY,
+	event_nid {{BIGINT}} NOT NULL
+);
+INSERT INTO search_position (id, event_nid) VALUES (1, 0);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.
