@@ -30,6 +30,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/media"
+	"github.com/keyserver/keyserver/presence"
 	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
@@ -98,6 +99,8 @@ type Options struct {
 	// Spaces serves space hierarchies and room summaries; nil: not
 	// served.
 	Spaces *spaces.Service
+	// Presence serves /presence; nil: not served.
+	Presence *presence.Service
 }
 
 // API serves the client-server API.
@@ -166,6 +169,7 @@ func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Hand
 	a.searchRoutes(s)
 	a.voipRoutes(s)
 	a.profileRoutes(s)
+	a.presenceRoutes(s)
 	a.roomRoutes(s, prefixed{rooms, clientVersions})
 	a.initialSyncRoutes(s, prefixed{rooms, clientVersions})
 	a.relationRoutes(r)
@@ -617,7 +621,7 @@ func (a *API) sync(w http.ResponseWriter, r *http.Request) {
 		timeout = time.Duration(min(ms, int64(24*time.Hour/time.Millisecond))) * time.Millisecond
 	}
 	since := q.Get("since")
-	o := syncapi.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true"}
+	o := syncapi.SyncOptions{Filter: q.Get("filter"), FullState: q.Get("full_state") == "true", SetPresence: q.Get("set_presence")}
 	if wait := min(timeout, a.syncs.SyncMaxWait()); wait > 0 && since != "" && a.opts.Parker.Can(w, r) {
 		pw := a.opts.Parker.NewWaiter()
 		job := &syncJob{sync: a.syncs, c: c, since: since, timeout: timeout, o: o, log: httpx.Logger(r),

@@ -66,6 +66,7 @@ type Config struct {
 	Keys       KeysConfig       `yaml:"keys"`
 	Media      MediaConfig      `yaml:"media"`
 	Push       PushConfig       `yaml:"push"`
+	Presence   PresenceConfig   `yaml:"presence"`
 }
 
 // LogConfig is the "log" section.
@@ -258,6 +259,16 @@ type PushConfig struct {
 	RequestTimeout Duration `yaml:"request_timeout"`
 }
 
+// PresenceConfig is the "presence" section (Synapse's presence.enabled).
+type PresenceConfig struct {
+	// Enabled keeps the users' presence, shows it in /sync and exchanges
+	// it with other servers. Off, nothing is stored or sent, other
+	// servers' m.presence EDUs are ignored, /sync has no presence section
+	// and GET /presence/{userId}/status answers "offline" for everyone.
+	// Default true.
+	Enabled bool `yaml:"enabled"`
+}
+
 // OldVerifyKey is a retired signing key's public half and when it stopped
 // being used.
 type OldVerifyKey struct {
@@ -376,6 +387,7 @@ func Default() *Config {
 			MaxBackoff:     Duration(time.Hour),
 			RequestTimeout: Duration(15 * time.Second),
 		},
+		Presence: PresenceConfig{Enabled: true},
 	}
 }
 

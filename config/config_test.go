@@ -464,13 +464,14 @@ func TestKeys(t *testing.T) {
 		"media.max_pending_uploads", "media.unused_expiration_time", "media.enable_authenticated_media",
 		"media.max_image_pixels", "media.url_preview_enabled", "media.url_preview_max_size",
 		"push.min_backoff", "push.max_backoff", "push.request_timeout",
+		"presence.enabled",
 	} {
 		if i := sort.SearchStrings(keys, want); i == len(keys) || keys[i] != want {
 			t.Errorf("Keys() lacks %q", want)
 		}
 	}
-	if len(keys) != 67 {
-		t.Errorf("Keys() has %d keys, want 67: %q", len(keys), keys)
+	if len(keys) != 68 {
+		t.Errorf("Keys() has %d keys, want 68: %q", len(keys), keys)
 	}
 	// Every listed key must be accepted by Set; a string that is valid
 	// for every kind is not possible, so only check the key is known.

@@ -132,6 +132,9 @@ type Options struct {
 	ToDevice EDUQueue
 	// PDUs is the queue of our room events sent along; nil: none.
 	PDUs PDUQueue
+	// Presence is the queue of the local users' presence sent along (as
+	// m.presence EDUs); nil: none.
+	Presence PresenceQueue
 }
 
 // DefaultWorkers is the size of the pool when Options.Workers is not set.
@@ -212,6 +215,9 @@ type destination struct {
 	pdus  []storage.OutboundPDU
 	txn   fedclient.Transaction
 	txnID string
+
+	// presence are the push entries of the batch's m.presence EDU.
+	presence []storage.OutboundEDU
 	// The failed attempts since the destination was last reached or heard
 	// from, and the first of them; known says they were read from the
 	// database since the lease was last taken from another daemon.
@@ -572,7 +578,11 @@ func (s *Sender) WakeAll(ctx context.Context) {
 	if err != nil {
 		s.dbError(ctx, s.o.Logger, err, "reading the outbound PDU queue")
 	}
-	for _, d := range append(append(dests, more...), rooms...) {
+	pres, err := s.presenceDestinations(ctx)
+	if err != nil {
+		s.dbError(ctx, s.o.Logger, err, "reading the outbound presence queue")
+	}
+	for _, d := range append(append(append(dests, more...), rooms...), pres...) {
 		s.wake(d, false)
 	}
 }
@@ -756,6 +766,7 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		// Another daemon may have had it meanwhile, and sent the batch
 		// or changed the failures: both are read again.
 		d.batch, d.toDev, d.pdus, d.txn, d.txnID = nil, nil, nil, fedclient.Transaction{}, ""
+		d.presence = nil
 		d.known = false
 	}
 	if now := s.o.Clock.Now(); now.Before(d.retryAt) {
@@ -782,11 +793,17 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
 			return
 		}
-		if len(batch)+len(toDev)+len(pdus) == 0 {
+		pres, err := s.pendingPresence(ctx, d.name, fedclient.MaxEDUsPerTransaction-len(batch)-len(toDev))
+		if err != nil {
+			s.dbError(ctx, log, err, "outbound presence queue")
+			s.setAside(d, s.o.Clock.Now().Add(s.o.MinRetry))
+			return
+		}
+		if len(batch)+len(toDev)+len(pdus)+len(pres) == 0 {
 			s.finish(ctx, d, owner, log)
 			return
 		}
-		d.batch, d.toDev, d.pdus = batch, toDev, pdus
+		d.batch, d.toDev, d.pdus, d.presence = batch, toDev, pdus, pres
 		d.txnID = s.nextTxnID(owner)
 		d.txn = fedclient.Transaction{Origin: s.o.ServerName, OriginServerTS: s.o.Clock.Now().UnixMilli(), PDUs: pduJSON(pdus)}
 		for _, u := range batch {
@@ -794,6 +811,9 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		}
 		for _, e := range toDev {
 			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: directToDevice, Content: e.Content})
+		}
+		if len(pres) > 0 {
+			d.txn.EDUs = append(d.txn.EDUs, presenceEDU(pres))
 		}
 	}
 	// The sender keeps its own retry times, so the federation client's
@@ -811,6 +831,9 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if err == nil {
 			err = s.markPDUsSent(ctx, d.name, d.pdus)
 		}
+		if err == nil {
+			err = s.markPresenceSent(ctx, d.name, d.presence)
+		}
 		if err != nil {
 			// The batch is sent again, under the same transaction ID, so
 			// the receiver does not process it twice.
@@ -824,8 +847,10 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 		if d.attempt > 0 || s.isFailing(d.name) {
 			s.resetStored(ctx, d.name, s.o.Clock.Now().UnixMilli()) // it was reached: its failures go
 		}
-		full := len(d.batch)+len(d.toDev) == fedclient.MaxEDUsPerTransaction || len(d.pdus) == fedclient.MaxPDUsPerTransaction
+		full := len(d.batch)+len(d.toDev) == fedclient.MaxEDUsPerTransaction || len(d.pdus) == fedclient.MaxPDUsPerTransaction ||
+			len(d.presence) == maxPresencePerEDU
 		d.batch, d.toDev, d.pdus, d.txn, d.txnID = nil, nil, nil, fedclient.Transaction{}, ""
+		d.presence = nil
 		d.attempt, d.failingSince = 0, time.Time{}
 		if full {
 			s.requeue(d)
@@ -980,6 +1005,13 @@ func (s *Sender) finish(ctx context.Context, d *destination, owner string, log l
 		toDev, err = s.pendingToDevice(ctx, d.name, 1)
 		if len(toDev) > 0 {
 			pending = make([]storage.OutboundUpdate, 1) // something waits
+		}
+	}
+	if err == nil && len(pending) == 0 {
+		var pres []storage.OutboundEDU
+		pres, err = s.pendingPresence(ctx, d.name, 1)
+		if len(pres) > 0 {
+			pending = make([]storage.OutboundUpdate, 1)
 		}
 	}
 	if err == nil && len(pending) == 0 {

@@ -1,10 +1,10 @@
 // Package fedrouter routes the transactions other servers send (PUT
 // /send/{txnId}) to the domains: PDUs to the rooms, device-list and
 // signing-key updates to the keys domain, to-device messages to their
-// package. It answers a transaction sent again with the answer it stored,
-// without processing it twice. Only m.device_list_update,
-// m.signing_key_update and m.direct_to_device EDUs are acted on; other
-// EDU types are not ours to handle.
+// package, presence to theirs. It answers a transaction sent again with
+// the answer it stored, without processing it twice. Only
+// m.device_list_update, m.signing_key_update, m.direct_to_device and
+// m.presence EDUs are acted on; other EDU types are not ours to handle.
 package fedrouter
 
 import (
@@ -41,6 +41,13 @@ type DirectToDeviceReceiver interface {
 	ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error
 }
 
+// PresenceReceiver takes the m.presence EDUs of a transaction (package
+// presence). An error fails the transaction; a bad EDU is dropped
+// without one.
+type PresenceReceiver interface {
+	ReceivePresence(ctx context.Context, origin string, content json.RawMessage) error
+}
+
 // PDUReceiver takes the PDUs of a transaction (package roomserver) and
 // returns each one's error by event ID, "" for one accepted.
 type PDUReceiver interface {
@@ -53,7 +60,10 @@ type Options struct {
 	DeviceLists    DeviceLists
 	DirectToDevice DirectToDeviceReceiver
 	PDUs           PDUReceiver
-	Now            func() time.Time // the clock; time.Now when nil
+	// Presence takes m.presence EDUs; nil: they are ignored (presence is
+	// off).
+	Presence PresenceReceiver
+	Now      func() time.Time // the clock; time.Now when nil
 }
 
 // Router routes transactions.
@@ -120,6 +130,10 @@ func (r *Router) HandleTransaction(ctx context.Context, origin, txnID string, bo
 			}
 		case e.Type == "m.direct_to_device" && r.o.DirectToDevice != nil:
 			if err := r.o.DirectToDevice.ReceiveDirectToDevice(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+		case e.Type == "m.presence" && r.o.Presence != nil:
+			if err := r.o.Presence.ReceivePresence(ctx, origin, e.Content); err != nil {
 				return nil, err
 			}
 		case e.Type == "m.device_list_update" && r.o.DeviceLists != nil:

@@ -40,6 +40,7 @@ type Database interface {
 	SearchIndex
 	SyncFilters
 	Health
+	PresenceStore
 }
 
 // Accounts are the local users' accounts and passwords.

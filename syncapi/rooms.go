@@ -22,6 +22,9 @@ type RoomsSource interface {
 type SyncOptions struct {
 	Filter    string // a filter ID, or inline JSON
 	FullState bool
+	// SetPresence is set_presence: "" (online), online, unavailable or
+	// offline.
+	SetPresence string
 }
 
 // syncFilter resolves /sync's filter parameter (none without rooms).

@@ -60,6 +60,16 @@ type AccountData interface {
 	SyncNews(d *storage.SyncData, withRooms bool) bool
 }
 
+// Presence is the presence part of /sync (presence.Service).
+type Presence interface {
+	// Syncing records a /sync request that may wait up to wait, with its
+	// set_presence ("": the default).
+	Syncing(ctx context.Context, c matrixid.Caller, setPresence string, wait time.Duration) error
+	// SyncSection returns the presence part of an answer for (from, to]
+	// (from 0: an initial sync), and whether the range holds changes.
+	SyncSection(ctx context.Context, userID string, from, to storage.StreamPos) (section any, news bool, err error)
+}
+
 // Options are the sources and settings of /sync.
 type Options struct {
 	// Keys gives the device lists and key counts; required.
@@ -78,6 +88,9 @@ type Options struct {
 	// Unread gives the joined rooms' unread notification counts; nil:
 	// none are shown.
 	Unread UnreadCounter
+	// Presence gives the presence section and hears of set_presence; nil:
+	// none (presence is off).
+	Presence Presence
 }
 
 // Service assembles /sync and answers /keys/changes.
@@ -150,6 +163,8 @@ type SyncResponse struct {
 	ToDevice any `json:"to_device,omitempty"`
 	// Rooms is present when the service has rooms (see rooms.go).
 	Rooms *roomserver.SyncRooms `json:"rooms,omitempty"`
+	// Presence is present when presence is on.
+	Presence any `json:"presence,omitempty"`
 }
 
 // Sync answers /sync. Without since it returns the current state at once.
@@ -186,6 +201,11 @@ type syncParams struct {
 func (s *Service) syncBegin(ctx context.Context, c matrixid.Caller, since string, timeout time.Duration, o SyncOptions) (syncParams, error) {
 	var p syncParams
 	var err error
+	switch o.SetPresence {
+	case "", "online", "unavailable", "offline":
+	default:
+		return p, mxerr.InvalidParam("set_presence must be one of online, unavailable and offline")
+	}
 	if p.filter, err = s.syncFilter(ctx, c.UserID, o); err != nil {
 		return p, err
 	}
@@ -205,6 +225,11 @@ func (s *Service) syncBegin(ctx context.Context, c matrixid.Caller, since string
 	}
 	if since != "" {
 		p.timeout = min(max(timeout, 0), s.opts.MaxTimeout)
+	}
+	if s.opts.Presence != nil {
+		if err := s.opts.Presence.Syncing(ctx, c, o.SetPresence, p.timeout); err != nil {
+			return p, err
+		}
 	}
 	return p, nil
 }
@@ -320,10 +345,19 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 		(s.opts.ToDevice != nil && len(d.ToDevice) > 0) ||
 		(s.opts.AccountData != nil && s.opts.AccountData.SyncNews(&d, s.rooms != nil)) ||
 		(s.rooms != nil && len(d.RoomsWithEvents) > 0)
+	var presence any
+	if s.opts.Presence != nil {
+		var presenceNews bool
+		if presence, presenceNews, err = s.opts.Presence.SyncSection(ctx, c.UserID, *sincePos, d.Pos); err != nil {
+			return SyncResponse{}, false, err
+		}
+		news = news || presenceNews
+	}
 	if onlyNews && !news {
 		return SyncResponse{}, false, nil
 	}
 	res, err := s.syncResponse(ctx, c, *sincePos, &d, o, f)
+	res.Presence = presence
 	return res, news, err
 }
 

@@ -45,6 +45,7 @@ import (
 	"github.com/keyserver/keyserver/keybackup"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/media"
+	"github.com/keyserver/keyserver/presence"
 	"github.com/keyserver/keyserver/profile"
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
@@ -127,6 +128,9 @@ type Server struct {
 	PushRules  *pushrules.Service
 	Pushers    *pusher.Service
 	Media      *media.Service
+	// Presence keeps the users' presence (off, it answers as Synapse
+	// does with presence off).
+	Presence *presence.Service
 	// Transactions routes other servers' transactions to the domains.
 	Transactions *fedrouter.Router
 	// Parker holds parked /sync connections (nil without
@@ -199,7 +203,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Now:                       o.Now,
 		Notifier:                  s.Notifier,
 	}
-	*t.Sender = federationsender.Options{Workers: cfg.Federation.SenderWorkers, ToDevice: store, PDUs: store,
+	*t.Sender = federationsender.Options{Workers: cfg.Federation.SenderWorkers, ToDevice: store, PDUs: store, Presence: store,
 		ServerName: cfg.ServerName, DeviceNames: cfg.Federation.AllowDeviceNames, FormatUpdate: crosssigning.UpdateEDU, Logger: log}
 	*t.Updater = devicelist.Options{Logger: log, Wake: devicelist.NewSignal()}
 	*t.Tracker = devicelist.TrackerOptions{SendWait: cfg.Federation.SendWait.Duration(), Logger: log, Now: o.Now}
@@ -222,9 +226,17 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		AddressPolicy: t.Federation.AddressPolicy, MinBackoff: cfg.Push.MinBackoff.Duration(),
 		MaxBackoff: cfg.Push.MaxBackoff.Duration(), Timeout: cfg.Push.RequestTimeout.Duration(), Logger: log})
 
+	// Presence, which hears of room writes for the servers joining rooms.
+	po := presence.Options{ServerName: cfg.ServerName, Enabled: cfg.Presence.Enabled, Changed: ch.StreamAdvanced,
+		Logger: log, Now: o.Now}
+	if o.Federated {
+		po.Queued = ch.OutboundQueued
+	}
+	s.Presence = presence.New(store, po)
+
 	// The domains /sync reads from.
 	ro := roomserver.Options{ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
-		Sink: roomserver.Sinks{s.Pushers, ch}, Upgrades: s.PushRules, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
+		Sink: roomserver.Sinks{s.Pushers, ch, s.Presence}, Upgrades: s.PushRules, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
 	ro.Relations = relations.New(store)
 	var profileRemote profile.Remote
 	var roomsRemote publicrooms.Remote
@@ -254,6 +266,13 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Users = userapi.New(store, *t.Users)
 
 	s.AccountData = accountdata.New(store, ch.StreamAdvanced)
+	// With presence off, /sync has no presence section and other
+	// servers' presence is ignored.
+	var syncPresence syncapi.Presence
+	var fedPresence fedrouter.PresenceReceiver
+	if cfg.Presence.Enabled {
+		syncPresence, fedPresence = s.Presence, s.Presence
+	}
 
 	// The keys domain, then /sync, which reads from it and the others.
 	t.Tracker.Changed = ch.StreamAdvanced
@@ -262,13 +281,13 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Keys = keyserver.New(store, *t.Keys)
 	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
 		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
-		Rooms: s.Rooms, Unread: s.Pushers})
+		Rooms: s.Rooms, Unread: s.Pushers, Presence: syncPresence})
 	if o.Federated {
 		s.Updater = devicelist.New(store, s.DeviceLists.ResyncStale, *t.Updater)
 	}
 	// Other servers' transactions, routed to the domains.
 	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.DeviceLists, DirectToDevice: s.ToDevice,
-		PDUs: s.Rooms, Now: o.Now})
+		PDUs: s.Rooms, Presence: fedPresence, Now: o.Now})
 	s.Dehydrated = dehydrated.New(store, dehydratedKeys{s.Keys}, ch.DeviceListChanged, o.Now)
 	if s.Media, err = newMedia(cfg, store, s.Federation, log, o.Now); err != nil {
 		return nil, err
@@ -306,6 +325,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Parker:     s.Parker,
 		Media:      s.Media,
 		Spaces:     s.Spaces,
+		Presence:   s.Presence,
 	})
 	s.FederationAPI = federationapi.NewHandler(s.Keys, s.Transactions, federationapi.Options{
 		ServerName:      cfg.ServerName,
@@ -371,6 +391,7 @@ func (s *Server) Start() {
 	}
 	run(func(ctx context.Context) { s.Notifier.Watch(ctx, s.Store, s.Log) })
 	run(s.Pushers.Run)
+	run(s.Presence.Run)
 	if s.Sender != nil {
 		run(s.Sender.Run)
 	}

@@ -57,6 +57,8 @@ type ServerOptions struct {
 	BcryptConcurrency int
 	// Now is the domain's clock (time.Now when nil).
 	Now func() time.Time
+	// PresenceDisabled turns presence off (presence.enabled: false).
+	PresenceDisabled bool
 }
 
 // RateLimit is a token bucket of a test server (off when PerSecond is 0).
@@ -113,6 +115,7 @@ func NewServer(t testing.TB, db Database, o ServerOptions) *Server {
 	cfg.ClientAPI.TURN = config.TURNConfig{URIs: o.TURN.URIs, SharedSecret: o.TURN.SharedSecret,
 		Username: o.TURN.Username, Password: o.TURN.Password, UserLifetime: config.Duration(o.TURN.UserLifetime)}
 	cfg.Keys.StrictValidation = !o.LaxKeyValidation
+	cfg.Presence.Enabled = !o.PresenceDisabled
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	srv, err := server.Build(context.Background(), cfg, server.Options{Logger: log, Now: o.Now})

@@ -672,6 +672,36 @@ CREATE TABLE push_cursor (
 );
 INSERT INTO push_cursor (id, pos) SELECT 1, pos FROM stream_position WHERE id = 1;
 `},
+	{28, "presence", `
+-- each user's presence, local or remote; pos is the stream position of
+-- the last change clients were told of, times are Unix ms (0: never)
+CREATE TABLE presence (
+	user_id                   {{TEXT}} PRIMARY KEY,
+	state                     {{TEXT}} NOT NULL,
+	status_msg                {{TEXT}},
+	last_active_ts            {{BIGINT}} NOT NULL,
+	last_user_sync_ts         {{BIGINT}} NOT NULL,
+	last_federation_update_ts {{BIGINT}} NOT NULL,
+	currently_active          BOOLEAN NOT NULL,
+	pos                       {{BIGINT}} NOT NULL
+);
+CREATE INDEX presence_pos ON presence (pos);
+
+-- the joins of one write, found by its position (presence is sent to the
+-- servers that newly share a room)
+CREATE INDEX memberships_pos ON memberships (pos);
+
+-- the local users' presence waiting to be sent to other servers: one
+-- entry of an m.presence push list per destination and user
+CREATE TABLE outbound_presence (
+	id          {{ID}},
+	destination {{TEXT}} NOT NULL,
+	user_id     {{TEXT}} NOT NULL,
+	content     {{TEXT}} NOT NULL
+);
+CREATE UNIQUE INDEX outbound_presence_user ON outbound_presence (destination, user_id);
+CREATE INDEX outbound_presence_destination ON outbound_presence (destination, id);
+`},
 	{29, "relations between events", `
 -- an event's relation to another of its room (content m.relates_to with
 -- rel_type and event_id): written with the event, deleted when it is
