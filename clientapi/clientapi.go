@@ -34,10 +34,12 @@ import (
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/receipts"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/typing"
 	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
@@ -91,6 +93,10 @@ type Options struct {
 	Parker *httppark.Parker
 	// Media serves the content repository; nil: not served.
 	Media *media.Service
+	// Typing serves /rooms/{roomId}/typing, Receipts the receipts and
+	// read markers; nil: not served.
+	Typing   *typing.Service
+	Receipts *receipts.Service
 }
 
 // API serves the client-server API.
@@ -161,6 +167,7 @@ func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Hand
 	a.roomRoutes(s, prefixed{rooms, clientVersions})
 	a.initialSyncRoutes(s, prefixed{rooms, clientVersions})
 	a.toDeviceRoutes(e2e)
+	a.ephemeralRoutes(prefixed{rooms, clientVersions})
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	a.mediaRoutes(prefixed{r, ""})
 	r.Handle("/_keyserver/admin/v1/rooms/{roomId}/members/{userId}", a.admin(a.setMembership)).Methods(http.MethodPut)

@@ -1,10 +1,11 @@
 // Package fedrouter routes the transactions other servers send (PUT
 // /send/{txnId}) to the domains: PDUs to the rooms, device-list and
 // signing-key updates to the keys domain, to-device messages to their
-// package. It answers a transaction sent again with the answer it stored,
-// without processing it twice. Only m.device_list_update,
-// m.signing_key_update and m.direct_to_device EDUs are acted on; other
-// EDU types are not ours to handle.
+// package, typing notifications and receipts to theirs. It answers a
+// transaction sent again with the answer it stored, without processing it
+// twice. Only m.device_list_update, m.signing_key_update,
+// m.direct_to_device, m.typing and m.receipt EDUs are acted on; other EDU
+// types are not ours to handle.
 package fedrouter
 
 import (
@@ -41,6 +42,19 @@ type DirectToDeviceReceiver interface {
 	ReceiveDirectToDevice(ctx context.Context, origin string, content json.RawMessage) error
 }
 
+// TypingReceiver takes the m.typing EDUs of a transaction (package
+// typing); ReceiptReceiver the m.receipt EDUs (package receipts). As for
+// to-device messages, an error fails the transaction and a bad EDU is
+// dropped without one.
+type TypingReceiver interface {
+	ReceiveTyping(ctx context.Context, origin string, content json.RawMessage) error
+}
+
+// ReceiptReceiver: see TypingReceiver.
+type ReceiptReceiver interface {
+	ReceiveReceipt(ctx context.Context, origin string, content json.RawMessage) error
+}
+
 // PDUReceiver takes the PDUs of a transaction (package roomserver) and
 // returns each one's error by event ID, "" for one accepted.
 type PDUReceiver interface {
@@ -53,6 +67,8 @@ type Options struct {
 	DeviceLists    DeviceLists
 	DirectToDevice DirectToDeviceReceiver
 	PDUs           PDUReceiver
+	Typing         TypingReceiver
+	Receipts       ReceiptReceiver
 	Now            func() time.Time // the clock; time.Now when nil
 }
 
@@ -120,6 +136,14 @@ func (r *Router) HandleTransaction(ctx context.Context, origin, txnID string, bo
 			}
 		case e.Type == "m.direct_to_device" && r.o.DirectToDevice != nil:
 			if err := r.o.DirectToDevice.ReceiveDirectToDevice(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+		case e.Type == "m.typing" && r.o.Typing != nil:
+			if err := r.o.Typing.ReceiveTyping(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+		case e.Type == "m.receipt" && r.o.Receipts != nil:
+			if err := r.o.Receipts.ReceiveReceipt(ctx, origin, e.Content); err != nil {
 				return nil, err
 			}
 		case e.Type == "m.device_list_update" && r.o.DeviceLists != nil:

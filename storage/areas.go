@@ -38,6 +38,8 @@ type Database interface {
 	RoomDirectory
 	SyncFilters
 	Health
+	Receipts
+	Typing
 }
 
 // Accounts are the local users' accounts and passwords.

@@ -8,6 +8,7 @@ package syncapi
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -78,6 +79,9 @@ type Options struct {
 	// Unread gives the joined rooms' unread notification counts; nil:
 	// none are shown.
 	Unread UnreadCounter
+	// Ephemeral give the joined rooms' ephemeral events (typing,
+	// receipts); shown only with rooms.
+	Ephemeral []Ephemeral
 }
 
 // Service assembles /sync and answers /keys/changes.
@@ -320,17 +324,22 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 		(s.opts.ToDevice != nil && len(d.ToDevice) > 0) ||
 		(s.opts.AccountData != nil && s.opts.AccountData.SyncNews(&d, s.rooms != nil)) ||
 		(s.rooms != nil && len(d.RoomsWithEvents) > 0)
+	var eph map[string][]json.RawMessage
+	if s.rooms != nil {
+		eph = s.ephemeral(c.UserID, &d)
+		news = news || len(eph) > 0
+	}
 	if onlyNews && !news {
 		return SyncResponse{}, false, nil
 	}
-	res, err := s.syncResponse(ctx, c, *sincePos, &d, o, f)
+	res, err := s.syncResponse(ctx, c, *sincePos, &d, eph, o, f)
 	return res, news, err
 }
 
 // syncResponse answers with what d holds: the changes in (from, d.Pos];
 // from 0 (no since): the whole state; and the device's to-device
 // messages.
-func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
 	var res SyncResponse
 	var delivered storage.StreamPos
 	if s.opts.ToDevice != nil {
@@ -344,7 +353,7 @@ func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from stor
 		res.AccountData = s.opts.AccountData.SyncSection(d.AccountData)
 	}
 	var err error
-	res.Rooms, err = s.roomsSection(ctx, c.UserID, from, d, o, f)
+	res.Rooms, err = s.roomsSection(ctx, c.UserID, from, d, eph, o, f)
 	return res, err
 }
 

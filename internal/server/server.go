@@ -49,11 +49,13 @@ import (
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/receipts"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/typing"
 	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
@@ -120,6 +122,9 @@ type Server struct {
 	PushRules  *pushrules.Service
 	Pushers    *pusher.Service
 	Media      *media.Service
+	// Typing and Receipts are the rooms' ephemeral events.
+	Typing   *typing.Service
+	Receipts *receipts.Service
 	// Transactions routes other servers' transactions to the domains.
 	Transactions *fedrouter.Router
 	// Parker holds parked /sync connections (nil without
@@ -240,19 +245,20 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Users = userapi.New(store, *t.Users)
 
 	s.AccountData = accountdata.New(store, ch.StreamAdvanced)
+	s.Typing, s.Receipts = newEphemeral(cfg, store, ch, s.Pushers, o.Federated, log, o.Now)
 
 	// The keys domain, then /sync, which reads from it and the others.
 	t.Keys.Passwords = s.Users
 	s.Keys = keyserver.New(store, *t.Keys)
 	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
 		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
-		Rooms: s.Rooms, Unread: s.Pushers})
+		Rooms: s.Rooms, Unread: s.Pushers, Ephemeral: []syncapi.Ephemeral{s.Typing, s.Receipts}})
 	if o.Federated {
 		s.Updater = updater.New(store, s.Keys.ResyncStale, *t.Updater)
 	}
 	// Other servers' transactions, routed to the domains.
 	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.Keys, DirectToDevice: s.ToDevice,
-		PDUs: s.Rooms, Now: o.Now})
+		PDUs: s.Rooms, Typing: s.Typing, Receipts: s.Receipts, Now: o.Now})
 	s.Dehydrated = dehydrated.New(store, dehydratedKeys{s.Keys}, ch.DeviceListChanged, o.Now)
 	if s.Media, err = newMedia(cfg, store, s.Federation, log, o.Now); err != nil {
 		return nil, err
@@ -288,6 +294,8 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Dehydrated: s.Dehydrated,
 		Parker:     s.Parker,
 		Media:      s.Media,
+		Typing:     s.Typing,
+		Receipts:   s.Receipts,
 	})
 	s.FederationAPI = federationapi.NewHandler(s.Keys, s.Transactions, federationapi.Options{
 		ServerName:      cfg.ServerName,
@@ -352,6 +360,7 @@ func (s *Server) Start() {
 	}
 	run(func(ctx context.Context) { s.Notifier.Watch(ctx, s.Store, s.Log) })
 	run(s.Pushers.Run)
+	run(s.Typing.Run)
 	if s.Sender != nil {
 		run(s.Sender.Run)
 	}
