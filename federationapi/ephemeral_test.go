@@ -143,6 +143,20 @@ func TestFederationTypingAndReceipts(t *testing.T) {
 			sawReceipt = sawReceipt || hasReceipt(ephemeralIn(s, r.roomID, "m.receipt"), m2, "m.read", bob.UserID)
 			return sawTyping && sawReceipt
 		})
+
+		// A typing whose timeout runs out on A ends on B: A sends the stop
+		// (B alone would keep it a minute).
+		typers := func() []string {
+			users, err := b.Store.RoomTyping(ctx, r.roomID, time.Now().UnixMilli())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return users
+		}
+		typing(b, bob, false)
+		a.Must(t, "PUT", r.path("/typing/"+url.PathEscape(r.alice.UserID)), r.alice.Token, map[string]any{"typing": true, "timeout": 3000})
+		testutil.Eventually(t, "alice typing on "+b.ServerName, func() bool { return slices.Equal(typers(), []string{r.alice.UserID}) })
+		testutil.Eventually(t, "alice's typing to end on "+b.ServerName, func() bool { return len(typers()) == 0 })
 	})
 }
 

@@ -61,6 +61,11 @@ type TypingUpdate struct {
 	// other servers with a member joined to the room (not when nothing
 	// changed); nil: none.
 	EDU json.RawMessage
+	// ResendAfter (ms, 0: never): a start of a typing that runs queues
+	// EDU again when it was last queued at least this long before Now,
+	// so that other servers, which end it a while after the last EDU,
+	// keep it.
+	ResendAfter int64
 }
 
 // Typing is who is typing in which room.
@@ -70,11 +75,16 @@ type Typing interface {
 	// run does nothing. Either way only a change of who is typing takes a
 	// stream position (Pos 0 otherwise), concerning the room's local
 	// members, and queues the EDUs.
-	SetTyping(ctx context.Context, u TypingUpdate) (Change, error)
+	// queued reports whether the EDU was queued (a resend too).
+	SetTyping(ctx context.Context, u TypingUpdate) (_ Change, queued bool, _ error)
 	// ExpiredTyping returns the typings that ended at or before now.
 	ExpiredTyping(ctx context.Context, now int64) ([]TypingUser, error)
-	// NextTypingEnd returns the earliest end of a typing (ok false: none).
-	NextTypingEnd(ctx context.Context) (at int64, ok bool, err error)
+	// TypingToResend returns the typings running at now whose EDU was
+	// queued, last at or before sentBefore.
+	TypingToResend(ctx context.Context, sentBefore, now int64) ([]TypingUser, error)
+	// NextTypingWork returns the earliest end of a typing, or resend of
+	// its EDU resendAfter ms after the last one (ok false: none).
+	NextTypingWork(ctx context.Context, resendAfter int64) (at int64, ok bool, err error)
 	// RoomTyping returns who is typing in a room at now, sorted.
 	RoomTyping(ctx context.Context, roomID string, now int64) ([]string, error)
 }

@@ -16,7 +16,8 @@
 // at 2 minutes; another server's user types until it says otherwise or
 // for 60 s after its last EDU; a local user's start and stop go to the
 // room's other servers as m.typing EDUs (a stop also when the timeout
-// ends), and starting again while typing changes nothing anyone sees.
+// ends), a running typing again every 40 s; starting again while typing
+// changes nothing anyone sees.
 package typing
 
 import (
@@ -44,8 +45,10 @@ const (
 	DefaultTimeout = 30 * time.Second
 	MaxTimeout     = 2 * time.Minute
 	// RemoteTimeout is how long another server's user types after its
-	// last m.typing EDU.
+	// last m.typing EDU; KeepAlive how often a local user's running
+	// typing is sent again, so that other servers keep it.
 	RemoteTimeout = time.Minute
+	KeepAlive     = 40 * time.Second
 	// recheck is the longest the ender of typings sleeps: typings started
 	// by another daemon of the database end here too if it is gone.
 	recheck = time.Minute
@@ -150,6 +153,7 @@ func (s *Service) Set(ctx context.Context, c matrixid.Caller, roomID, userID str
 		if u.EDU, err = json.Marshal(edu{RoomID: roomID, UserID: userID, Typing: typing}); err != nil {
 			return err
 		}
+		u.ResendAfter = KeepAlive.Milliseconds()
 	}
 	if err := s.apply(ctx, u); err != nil {
 		return err
@@ -162,12 +166,12 @@ func (s *Service) Set(ctx context.Context, c matrixid.Caller, roomID, userID str
 
 // apply writes an update and passes its change on.
 func (s *Service) apply(ctx context.Context, u storage.TypingUpdate) error {
-	ch, err := s.db.SetTyping(ctx, u)
+	ch, queued, err := s.db.SetTyping(ctx, u)
 	if err != nil {
 		return err
 	}
 	s.o.Changed(ch)
-	if ch.Pos > 0 && u.EDU != nil {
+	if queued {
 		s.o.Queued()
 	}
 	return nil
@@ -224,7 +228,8 @@ func (s *Service) poke() {
 	}
 }
 
-// Run ends the typings whose timeout ran out, until ctx ends.
+// Run ends the typings whose timeout ran out, and sends the local users'
+// running typings again every KeepAlive, until ctx ends.
 func (s *Service) Run(ctx context.Context) {
 	for {
 		wait := s.EndDue(ctx)
@@ -237,8 +242,9 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// EndDue ends the typings whose timeout ran out and returns how long
-// until the next one is due (at most a minute).
+// EndDue ends the typings whose timeout ran out, sends again the running
+// typings whose EDU was sent KeepAlive ago, and returns how long until
+// the next of either is due (at most a minute).
 func (s *Service) EndDue(ctx context.Context) time.Duration {
 	now := s.o.Clock.Now()
 	due, err := s.db.ExpiredTyping(ctx, now.UnixMilli())
@@ -258,7 +264,27 @@ func (s *Service) EndDue(ctx context.Context) time.Duration {
 			return time.Second
 		}
 	}
-	at, ok, err := s.db.NextTypingEnd(ctx)
+	if s.o.Federated {
+		again, err := s.db.TypingToResend(ctx, now.Add(-KeepAlive).UnixMilli(), now.UnixMilli())
+		if err != nil {
+			if ctx.Err() == nil {
+				s.o.Logger.WithError(err).Warn("typing: reading the typings to send again failed")
+			}
+			return time.Second
+		}
+		for _, t := range again {
+			u := storage.TypingUpdate{RoomID: t.RoomID, UserID: t.UserID, Typing: true, ExpiresTS: t.ExpiresTS,
+				Now: now.UnixMilli(), ResendAfter: KeepAlive.Milliseconds()}
+			u.EDU, _ = json.Marshal(edu{RoomID: t.RoomID, UserID: t.UserID, Typing: true})
+			if err := s.apply(ctx, u); err != nil {
+				if ctx.Err() == nil {
+					s.o.Logger.WithError(err).Warn("typing: sending a typing again failed")
+				}
+				return time.Second
+			}
+		}
+	}
+	at, ok, err := s.db.NextTypingWork(ctx, KeepAlive.Milliseconds())
 	if err != nil || !ok {
 		return recheck
 	}

@@ -188,3 +188,58 @@ func TestReceiveTyping(t *testing.T) {
 		}
 	})
 }
+
+// A local user's running typing is sent to other servers again every
+// 40 s, by a start of the client's or by Run, until it ends.
+func TestTypingSentAgain(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		f := setup(t, db)
+		ctx := context.Background()
+		f.svc = typing.New(f.srv.Store, typing.Options{ServerName: f.srv.ServerName, Federated: true, Clock: f.clock})
+		toResend := func() []string {
+			t.Helper()
+			now := f.clock.Now()
+			due, err := f.srv.Store.TypingToResend(ctx, now.Add(-typing.KeepAlive).UnixMilli(), now.UnixMilli())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, d := range due {
+				out = append(out, d.UserID)
+			}
+			return out
+		}
+		f.set(t, f.alice, `{"typing": true, "timeout": 100000}`)
+		if got := f.svc.EndDue(ctx); got != typing.KeepAlive {
+			t.Fatalf("next work in %v, want the keep-alive's 40s", got)
+		}
+		f.clock.Advance(39 * time.Second)
+		if got := toResend(); len(got) != 0 {
+			t.Fatalf("to send again after 39 s: %v", got)
+		}
+		f.clock.Advance(time.Second)
+		if got := toResend(); !slices.Equal(got, []string{f.alice.UserID}) {
+			t.Fatalf("to send again after 40 s: %v, want alice", got)
+		}
+		// Run's pass sends it; the next is due 40 s later.
+		if got := f.svc.EndDue(ctx); got != typing.KeepAlive {
+			t.Fatalf("next work in %v after the resend, want 40s", got)
+		}
+		if got := toResend(); len(got) != 0 {
+			t.Fatalf("still to send again after Run's pass: %v", got)
+		}
+		// A start by the client 40 s later sends it too.
+		f.clock.Advance(40 * time.Second)
+		f.set(t, f.alice, `{"typing": true, "timeout": 30000}`)
+		if got := toResend(); len(got) != 0 {
+			t.Fatalf("still to send again after the client's start: %v", got)
+		}
+		if got := f.typers(t); !slices.Equal(got, []string{f.alice.UserID}) {
+			t.Fatalf("typing %v, want alice", got)
+		}
+		// The end comes before the next resend: 30 s.
+		if got := f.svc.EndDue(ctx); got != 30*time.Second {
+			t.Fatalf("next work in %v, want the end in 30s", got)
+		}
+	})
+}

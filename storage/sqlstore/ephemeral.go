@@ -94,24 +94,30 @@ func (s *Store) RoomReceipts(ctx context.Context, roomID string) (_ []storage.Re
 }
 
 // SetTyping starts or stops a typing.
-func (s *Store) SetTyping(ctx context.Context, u storage.TypingUpdate) (_ storage.Change, err error) {
+func (s *Store) SetTyping(ctx context.Context, u storage.TypingUpdate) (_ storage.Change, queued bool, err error) {
 	defer named("SetTyping", &err)
-	return s.writeChange(ctx, func(tx *txn) error {
-		var end int64
-		err := tx.QueryRowContext(ctx, `SELECT expires_ts FROM typing WHERE room_id = $1 AND user_id = $2`,
-			u.RoomID, u.UserID).Scan(&end)
-		running := err == nil && end > u.Now
+	ch, err := s.writeChange(ctx, func(tx *txn) error {
+		queued = false
+		var end, sent int64
+		err := tx.QueryRowContext(ctx, `SELECT expires_ts, sent_ts FROM typing WHERE room_id = $1 AND user_id = $2`,
+			u.RoomID, u.UserID).Scan(&end, &sent)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
 		exists := err == nil
+		running := exists && end > u.Now
+		resend := false
 		if u.Typing {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO typing (room_id, user_id, expires_ts) VALUES ($1, $2, $3)
-				ON CONFLICT (room_id, user_id) DO UPDATE SET expires_ts = excluded.expires_ts`,
-				u.RoomID, u.UserID, u.ExpiresTS); err != nil {
+			resend = running && u.EDU != nil && u.ResendAfter > 0 && sent > 0 && sent <= u.Now-u.ResendAfter
+			if u.EDU != nil && (!running || resend) {
+				sent = u.Now
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO typing (room_id, user_id, expires_ts, sent_ts) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (room_id, user_id) DO UPDATE SET expires_ts = excluded.expires_ts, sent_ts = excluded.sent_ts`,
+				u.RoomID, u.UserID, u.ExpiresTS, sent); err != nil {
 				return err
 			}
-			if running {
+			if running && !resend {
 				return nil // who is typing is the same
 			}
 		} else {
@@ -122,28 +128,44 @@ func (s *Store) SetTyping(ctx context.Context, u storage.TypingUpdate) (_ storag
 				return err
 			}
 		}
-		pos, err := s.nextPos(ctx, tx)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO typing_rooms (room_id, pos) VALUES ($1, $2)
-			ON CONFLICT (room_id) DO UPDATE SET pos = excluded.pos`, u.RoomID, pos); err != nil {
-			return err
-		}
 		members, err := s.txRoomMembers(ctx, tx, u.RoomID, 0)
 		if err != nil {
 			return err
 		}
-		s.concernLocalMembers(tx, members)
+		if !resend {
+			pos, err := s.nextPos(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO typing_rooms (room_id, pos) VALUES ($1, $2)
+				ON CONFLICT (room_id) DO UPDATE SET pos = excluded.pos`, u.RoomID, pos); err != nil {
+				return err
+			}
+			s.concernLocalMembers(tx, members)
+		}
+		queued = u.EDU != nil && len(members.servers) > 0
 		return txQueueRoomEDU(ctx, tx, members, "m.typing", u.EDU)
 	})
+	return ch, queued, err
 }
 
 // ExpiredTyping returns the typings that ended at or before now.
 func (s *Store) ExpiredTyping(ctx context.Context, now int64) (_ []storage.TypingUser, err error) {
 	defer named("ExpiredTyping", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT room_id, user_id, expires_ts FROM typing WHERE expires_ts <= $1
+	return s.typingUsers(ctx, `SELECT room_id, user_id, expires_ts FROM typing WHERE expires_ts <= $1
 		ORDER BY expires_ts LIMIT 1000`, now)
+}
+
+// TypingToResend returns the running typings whose EDU was last queued at
+// or before sentBefore.
+func (s *Store) TypingToResend(ctx context.Context, sentBefore, now int64) (_ []storage.TypingUser, err error) {
+	defer named("TypingToResend", &err)
+	return s.typingUsers(ctx, `SELECT room_id, user_id, expires_ts FROM typing
+		WHERE sent_ts > 0 AND sent_ts <= $1 AND expires_ts > $2 ORDER BY sent_ts LIMIT 1000`, sentBefore, now)
+}
+
+func (s *Store) typingUsers(ctx context.Context, query string, params ...any) ([]storage.TypingUser, error) {
+	rows, err := s.q.QueryContext(ctx, query, params...)
 	if err != nil {
 		return nil, err
 	}
@@ -159,11 +181,13 @@ func (s *Store) ExpiredTyping(ctx context.Context, now int64) (_ []storage.Typin
 	return out, rows.Err()
 }
 
-// NextTypingEnd returns the earliest end of a typing.
-func (s *Store) NextTypingEnd(ctx context.Context) (_ int64, _ bool, err error) {
-	defer named("NextTypingEnd", &err)
+// NextTypingWork returns the earliest end of a typing or resend of its
+// EDU.
+func (s *Store) NextTypingWork(ctx context.Context, resendAfter int64) (_ int64, _ bool, err error) {
+	defer named("NextTypingWork", &err)
 	var at sql.NullInt64
-	if err := s.q.QueryRowContext(ctx, `SELECT MIN(expires_ts) FROM typing`).Scan(&at); err != nil {
+	if err := s.q.QueryRowContext(ctx, `SELECT MIN(CASE WHEN sent_ts > 0 AND sent_ts + $1 < expires_ts
+		THEN sent_ts + $1 ELSE expires_ts END) FROM typing`, resendAfter).Scan(&at); err != nil {
 		return 0, false, err
 	}
 	return at.Int64, at.Valid, nil

@@ -44,7 +44,7 @@ var releasedSteps = map[int]string{
 	24: "8e17ea8afe9279907f39d79a1ba053d541524549db08900bc236c860a2a01e83",
 	25: "66c8c995b94984926ac8801fcc4d0210ada6412f6c0315b04c477d7908a00d46",
 	26: "becc29cf7f00ce32edf3203b1878f73d801b3d3909b2d1b0fce7ad6c169395dc",
-	27: "fafaea7c7e30d0576fab3459fe45de84567771264c854a7f6f58b6d143cd605b",
+	27: "a9bec5f5982281055aa9aa486e0082ccc4b6d1ba62e2cb01abce55c488b086ea",
 }
 
 // stepDigest is the digest of step m as releasedSteps keeps it: of the

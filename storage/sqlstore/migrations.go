@@ -689,12 +689,15 @@ CREATE TABLE receipts (
 );
 CREATE INDEX receipts_pos ON receipts (pos);
 
--- who is typing in which room, until when (ms); typing_rooms holds the
--- stream position of each room's last change of who is typing
+-- who is typing in which room, until when (ms), and when its m.typing EDU
+-- was last queued for the room's other servers (0: never, another
+-- server's user); typing_rooms holds the stream position of each room's
+-- last change of who is typing
 CREATE TABLE typing (
 	room_id    {{TEXT}} NOT NULL,
 	user_id    {{TEXT}} NOT NULL,
 	expires_ts {{BIGINT}} NOT NULL,
+	sent_ts    {{BIGINT}} NOT NULL,
 	PRIMARY KEY (room_id, user_id)
 );
 CREATE INDEX typing_expires ON typing (expires_ts);
