@@ -300,6 +300,9 @@ func TestReceiptsInSync(t *testing.T) {
 		if receiptsIn(t, roomSync(t, srv, carol, nil), roomID) != nil {
 			t.Fatal("carol sees the receipts of a room she is not in")
 		}
+		if receiptsIn(t, roomSync(t, srv, alice, url.Values{"filter": {`{"room":{"not_rooms":["` + roomID + `"]}}`}}), roomID) != nil {
+			t.Fatal("receipts of a room the filter leaves out")
+		}
 	})
 }
 

@@ -17,11 +17,15 @@ type Ephemeral interface {
 	SyncEphemeral(userID string, d *storage.SyncData) map[string][]json.RawMessage
 }
 
-// ephemeral gathers the sources' events of an answer, by room.
-func (s *Service) ephemeral(userID string, d *storage.SyncData) map[string][]json.RawMessage {
+// ephemeral gathers the sources' events of an answer, by room, of the
+// rooms the filter lets in.
+func (s *Service) ephemeral(userID string, d *storage.SyncData, f roomserver.Filter) map[string][]json.RawMessage {
 	var out map[string][]json.RawMessage
 	for _, src := range s.opts.Ephemeral {
 		for room, evs := range src.SyncEphemeral(userID, d) {
+			if !f.WantsRoom(room) {
+				continue
+			}
 			if out == nil {
 				out = map[string][]json.RawMessage{}
 			}
@@ -38,7 +42,7 @@ func addEphemeral(rooms *roomserver.SyncRooms, eph map[string][]json.RawMessage,
 	for room, evs := range eph {
 		r := rooms.Join[room]
 		if r == nil {
-			if !f.WantsRoom(room) || !slices.ContainsFunc(d.RoomMemberships, func(m storage.RoomMember) bool {
+			if !slices.ContainsFunc(d.RoomMemberships, func(m storage.RoomMember) bool {
 				return m.RoomID == room && m.Membership == storage.MembershipJoin && m.Pos <= d.Pos
 			}) {
 				continue

@@ -326,7 +326,7 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 		(s.rooms != nil && len(d.RoomsWithEvents) > 0)
 	var eph map[string][]json.RawMessage
 	if s.rooms != nil {
-		eph = s.ephemeral(c.UserID, &d)
+		eph = s.ephemeral(c.UserID, &d, f)
 		news = news || len(eph) > 0
 	}
 	if onlyNews && !news {

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"database/sql"
+	"strconv"
 	"strings"
 
 	"github.com/keyserver/keyserver/storage"
@@ -14,22 +15,30 @@ import (
 // type, event and thread in one text, separated by newlines, which none
 // of them holds (they are printable).
 
-// syncJoined is true when the user $1 is joined to the room in column col.
-const syncJoined = `EXISTS (SELECT 1 FROM room_current_state j WHERE j.room_id = %s
-	AND j.event_type = 'm.room.member' AND j.state_key = $1 AND j.membership = 'join')`
+// syncJoinedRooms are the rooms the user $1 is joined to, as j: each
+// branch starts from them (the index of members by state key), so that an
+// initial sync reads only those rooms' receipts and typing.
+const syncJoinedRooms = `room_current_state j`
+const syncJoined = `j.event_type = 'm.room.member' AND j.state_key = :user AND j.membership = 'join'`
 
-var syncEphemeralQuery = `
+// The fragment names its parameters :user ($1) and :since ($4): its
+// placeholders appear in order only within syncDataQuery.
+var syncEphemeralQuery = strings.NewReplacer(":user", param(1), ":since", param(4)).Replace(`
 UNION ALL
 SELECT 'receipt', r.room_id, r.user_id, r.receipt_type || '` + "\n" + `' || r.event_id || '` + "\n" + `' || r.thread_id, r.ts
-	FROM receipts r WHERE r.pos > $4 AND r.pos <= ` + syncUpTo + `
-	AND (r.receipt_type <> '` + storage.ReceiptPrivate + `' OR r.user_id = $1)
-	AND ` + strings.ReplaceAll(syncJoined, "%s", "r.room_id") + `
+	FROM ` + syncJoinedRooms + ` JOIN receipts r ON r.room_id = j.room_id
+	WHERE ` + syncJoined + ` AND r.pos > :since AND r.pos <= ` + syncUpTo + `
+	AND (r.receipt_type <> '` + storage.ReceiptPrivate + `' OR r.user_id = :user)
 UNION ALL
-SELECT 'typingroom', tr.room_id, NULL, NULL, tr.pos FROM typing_rooms tr
-	WHERE tr.pos > $4 AND tr.pos <= ` + syncUpTo + ` AND ` + strings.ReplaceAll(syncJoined, "%s", "tr.room_id") + `
+SELECT 'typingroom', tr.room_id, NULL, NULL, tr.pos FROM ` + syncJoinedRooms + ` JOIN typing_rooms tr ON tr.room_id = j.room_id
+	WHERE ` + syncJoined + ` AND tr.pos > :since AND tr.pos <= ` + syncUpTo + `
 UNION ALL
-SELECT 'typing', t.room_id, t.user_id, NULL, t.expires_ts FROM typing t JOIN typing_rooms tr ON tr.room_id = t.room_id
-	WHERE tr.pos > $4 AND tr.pos <= ` + syncUpTo + ` AND ` + strings.ReplaceAll(syncJoined, "%s", "t.room_id")
+SELECT 'typing', t.room_id, t.user_id, NULL, t.expires_ts
+	FROM ` + syncJoinedRooms + ` JOIN typing_rooms tr ON tr.room_id = j.room_id JOIN typing t ON t.room_id = tr.room_id
+	WHERE ` + syncJoined + ` AND tr.pos > :since AND tr.pos <= ` + syncUpTo)
+
+// param is the placeholder $n.
+func param(n int) string { return "$" + strconv.Itoa(n) }
 
 // syncEphemeralRow reads a row of syncEphemeralQuery into d.
 func syncEphemeralRow(d *storage.SyncData, kind string, a, b, c sql.NullString, n int64) {
