@@ -1,9 +1,10 @@
 // Package syncapi assembles /sync and answers /keys/changes: it reads the
 // stream once per answer, puts the parts together from narrow sources
 // declared here (the keys domain's device lists and key counts, the
-// to-device inbox, account data, rooms and their unread counts), hands
-// out and reads back the stream tokens, and lets requests with nothing
-// to answer yet wait for news (package syncnotify wakes them).
+// to-device inbox, account data, rooms with their ephemeral events and
+// unread counts), hands out and reads back the stream tokens, and lets
+// requests with nothing to answer yet wait for news (package syncnotify
+// wakes them).
 package syncapi
 
 import (
@@ -302,7 +303,8 @@ func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental
 
 // syncRead reads the stream once and returns the answer with whether it
 // has news for a waiting request: device-list changes, account data
-// changes, room events, or to-device messages. With onlyNews the answer
+// changes, room events, to-device messages, or ephemeral events (typing,
+// receipts) of rooms the filter lets in. With onlyNews the answer
 // is built only when there is news (the request waits on otherwise).
 // A since beyond the stream's position is moved back to it.
 func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
