@@ -36,6 +36,7 @@ import (
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/receipts"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/search"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
@@ -72,6 +73,8 @@ type Options struct {
 	InitialSync *initialsync.Service
 	// UserDirectory serves /user_directory/search; nil: not served.
 	UserDirectory *userdirectory.Service
+	// Search serves POST /search; nil: not served.
+	Search *search.Service
 	// TURN answers /voip/turnServer; nil: no TURN server ({}).
 	TURN *voip.TURN
 	// PublicRooms serves the public room directory; nil: not served.
@@ -162,6 +165,7 @@ func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Hand
 	a.pusherRoutes(s)
 	a.publicRoomRoutes(s)
 	a.userDirectoryRoutes(s)
+	a.searchRoutes(s)
 	a.voipRoutes(s)
 	a.profileRoutes(s)
 	a.roomRoutes(s, prefixed{rooms, clientVersions})

@@ -43,6 +43,7 @@ func (a *API) roomRoutes(s, room prefixed) {
 	room.Handle("/rooms/{roomId}/unban", a.authed(a.targeted(a.opts.Rooms.Unban))).Methods(http.MethodPost)
 	room.Handle("/rooms/{roomId}/leave", a.authed(a.leave)).Methods(http.MethodPost)
 	room.Handle("/rooms/{roomId}/forget", a.authed(a.forget)).Methods(http.MethodPost)
+	room.Handle("/rooms/{roomId}/upgrade", a.authed(a.upgradeRoom)).Methods(http.MethodPost)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.putAlias)).Methods(http.MethodPut)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.getAlias)).Methods(http.MethodGet)
 	s.Handle("/directory/room/{roomAlias}", a.authed(a.deleteAlias)).Methods(http.MethodDelete)

@@ -91,7 +91,7 @@ func TestCreateRoomEveryVersion(t *testing.T) {
 		bob := srv.Register(t, "bob", "")
 
 		caps := srv.Must(t, "GET", v3+"/capabilities", alice.Token, nil)["capabilities"].(map[string]any)["m.room_versions"].(map[string]any)
-		if caps["default"] != "10" {
+		if caps["default"] != "11" {
 			t.Fatalf("default room version %v", caps["default"])
 		}
 		available := caps["available"].(map[string]any)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/identity"
 	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -84,7 +85,7 @@ func newPDUWatcher(t *testing.T, from *testutil.Node) *pduWatcher {
 		if err := json.Unmarshal(fr.Content(), &txn); err != nil || txn.Origin != sender || string(fr.Origin()) != sender {
 			t.Errorf("transaction from %s: %s (%v)", fr.Origin(), fr.Content(), err)
 		}
-		impl := gomatrixserverlib.MustGetRoomVersion(gomatrixserverlib.RoomVersionV10)
+		impl := gomatrixserverlib.MustGetRoomVersion(roomserver.DefaultRoomVersion) // the rooms are created in it
 		var evs []gomatrixserverlib.PDU
 		for _, raw := range txn.PDUs {
 			ev, err := impl.NewEventFromUntrustedJSON(raw)

@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/keyserver/keyserver/devicelist"
 	"github.com/keyserver/keyserver/internal/testdb"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -24,7 +25,8 @@ func TestBadClaimedKeyIsLogged(t *testing.T) {
 		ctx := context.Background()
 		db := openTestDB(t, tdb)
 		log, hook := logtest.NewNullLogger()
-		svc := New(db, Options{ServerName: "local.test", Logger: log})
+		svc := New(db, Options{ServerName: "local.test", Logger: log,
+			RemoteLists: devicelist.NewTracker(db, devicelist.TrackerOptions{Logger: log})})
 		const carol, server = "@carol:remote.test", "remote.test"
 		_, priv, _ := ed25519.GenerateKey(rand.Reader)
 		sign := func(obj map[string]any) json.RawMessage {

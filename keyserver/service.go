@@ -7,7 +7,6 @@ package keyserver
 
 import (
 	"context"
-	"golang.org/x/sync/singleflight"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -26,12 +25,12 @@ type Options struct {
 	// Federation reaches other servers; nil answers remote users with a
 	// failure and sends nothing.
 	Federation Federation
-	// SendWait bounds how long an incoming transaction waits for the
-	// resyncs its device-list updates need (default 10 s).
-	SendWait time.Duration
 	// Outbound is the federation outbound queue, poked when updates are
 	// queued for other servers; nil: none (nothing is sent).
 	Outbound Outbound
+	// RemoteLists gives other servers' users' device lists; nil: remote
+	// users are answered with a failure.
+	RemoteLists RemoteLists
 	// StaleLists is the updater of remote device lists, woken when users
 	// are marked stale; nil: none.
 	StaleLists StaleLists
@@ -39,9 +38,6 @@ type Options struct {
 	// one of the service's own. The server shares one with the domains
 	// that write the stream and with package syncapi.
 	Notifier *syncnotify.Notifier
-	// UntrackedCacheTTL is how long a remote device list is trusted when
-	// no local user shares a room with its user (so no updates arrive).
-	UntrackedCacheTTL time.Duration
 	// Passwords asks callers for their password before a change of
 	// cross-signing keys; nil: such a change is refused.
 	Passwords PasswordConfirmer
@@ -57,11 +53,11 @@ type Options struct {
 }
 
 // Outbound is the federation outbound queue as the domain tells it of
-// new work (package devicelist/sender).
+// new work (package federationsender).
 type Outbound interface{ Poke() }
 
 // StaleLists is the updater of stale remote device lists as the domain
-// tells it of new work (package devicelist/updater).
+// tells it of new work (package devicelist).
 type StaleLists interface{ Wake() }
 
 // PasswordConfirmer runs the password stage of user-interactive auth for
@@ -72,13 +68,10 @@ type PasswordConfirmer interface {
 
 // Service is the keyserver's domain layer.
 type Service struct {
-	db      Store
-	fed     Federation
-	sender  Outbound   // nil: nothing is sent
-	updater StaleLists // nil: no background resyncs
-	// resyncs shares one fetch of a remote user's list among the queries
-	// that need it at once (see ResyncRemoteUser).
-	resyncs  singleflight.Group
+	db       Store
+	fed      Federation
+	sender   Outbound   // nil: nothing is sent
+	updater  StaleLists // nil: no background resyncs
 	opts     Options
 	notifier *syncnotify.Notifier
 	log      logrus.FieldLogger
@@ -116,26 +109,12 @@ func New(db Store, opts Options) *Service {
 	if opts.MaxOneTimeKeys <= 0 {
 		opts.MaxOneTimeKeys = 500
 	}
-	if opts.SendWait <= 0 {
-		opts.SendWait = 10 * time.Second
-	}
-	if opts.UntrackedCacheTTL <= 0 {
-		opts.UntrackedCacheTTL = time.Minute
-	}
 	s := &Service{db: db, fed: opts.Federation, opts: opts, notifier: opts.Notifier, log: opts.Logger, now: opts.Now,
 		sender: opts.Outbound, updater: opts.StaleLists}
 	if s.notifier == nil {
 		s.notifier = syncnotify.New()
 	}
 	return s
-}
-
-// ResyncStale fetches and stores a stale remote user's device list for
-// the updater, unless another daemon holds the resync (it is due again if
-// that one fails).
-func (s *Service) ResyncStale(ctx context.Context, server, userID string) error {
-	_, err := s.heldResync(ctx, server, userID, false)
-	return err
 }
 
 // logger is the logger of the request ctx belongs to (with its request

@@ -23,6 +23,7 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/ratelimit"
@@ -97,6 +98,9 @@ type Service struct {
 	filled   map[string]chan struct{} // reserved IDs being waited for
 	fetching map[string]*remoteFetch  // remote media being fetched
 	thumbing map[string]*sync.Mutex   // thumbnails being made
+
+	previews   previewCache
+	previewing singleflight.Group // URLs being fetched for a preview
 }
 
 // New makes the repository; its directory is created when missing.

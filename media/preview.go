@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/html"
@@ -18,6 +19,51 @@ import (
 
 // previewTimeout bounds fetching a page to preview.
 const previewTimeout = 10 * time.Second
+
+// A preview is kept for previewCacheTTL (Synapse's hour) and answered to
+// every user asking for the same URL meanwhile; at most previewCacheSize
+// are kept, the oldest going first.
+const (
+	previewCacheTTL  = time.Hour
+	previewCacheSize = 1000
+)
+
+type previewCache struct {
+	mu      sync.Mutex
+	entries map[string]cachedPreview
+	order   []string // keys, oldest first
+}
+
+type cachedPreview struct {
+	og      map[string]any
+	expires time.Time
+}
+
+func (c *previewCache) get(key string, now time.Time) (map[string]any, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok || now.After(e.expires) {
+		return nil, false
+	}
+	return e.og, true
+}
+
+func (c *previewCache) put(key string, og map[string]any, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries == nil {
+		c.entries = map[string]cachedPreview{}
+	}
+	if _, ok := c.entries[key]; !ok {
+		c.order = append(c.order, key)
+	}
+	c.entries[key] = cachedPreview{og: og, expires: now.Add(previewCacheTTL)}
+	for len(c.order) > previewCacheSize {
+		delete(c.entries, c.order[0])
+		c.order = c.order[1:]
+	}
+}
 
 // PreviewURL describes a web page for a link preview: its OpenGraph
 // properties (og:title, og:description, og:image...), with the title
@@ -37,9 +83,29 @@ func (s *Service) PreviewURL(ctx context.Context, userID, raw string) (map[strin
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
 		return nil, mxerr.InvalidParam("url must be an http or https URL")
 	}
+	key := u.String()
+	if og, ok := s.previews.get(key, s.opts.Now()); ok {
+		return og, nil
+	}
 	if err := s.limit(userID); err != nil {
 		return nil, err
 	}
+	// Users asking at once for one URL share one fetch.
+	v, err, _ := s.previewing.Do(key, func() (any, error) {
+		og, err := s.fetchPreview(context.WithoutCancel(ctx), userID, u)
+		if err == nil {
+			s.previews.put(key, og, s.opts.Now())
+		}
+		return og, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(map[string]any), nil
+}
+
+// fetchPreview fetches a URL and describes it.
+func (s *Service) fetchPreview(ctx context.Context, userID string, u *url.URL) (map[string]any, error) {
 	ctx, cancel := context.WithTimeout(ctx, previewTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)

@@ -22,11 +22,12 @@ func preview(t *testing.T, n *testutil.Node, token, target string) answer {
 // properties are read (within the size cap), an image is stored as
 // media, and private addresses are not fetched.
 func TestURLPreview(t *testing.T) {
-	var hits atomic.Int32
+	var hits, pageHits atomic.Int32
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		switch r.URL.Path {
 		case "/page":
+			pageHits.Add(1)
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
 			_, _ = w.Write([]byte(`<html><head><title>Plain title</title>
 				<meta property="og:title" content="The OG title">
@@ -81,6 +82,16 @@ func TestURLPreview(t *testing.T) {
 		}
 		if d := download(t, n, u.Token, server, id); d.Status != http.StatusOK || d.Header.Get("Content-Type") != "image/png" {
 			t.Errorf("the page's image: %d %s", d.Status, d.Body)
+		}
+		// The preview is kept: another user asking for the same page gets
+		// it without a second fetch.
+		fetched := pageHits.Load()
+		other := n.Register(t, "other", "")
+		if again := preview(t, n, other.Token, site.URL+"/page").json(t); again["og:title"] != "The OG title" || again["og:image"] != og["og:image"] {
+			t.Errorf("the kept preview: %v", again)
+		}
+		if pageHits.Load() != fetched {
+			t.Error("the page was fetched again within the hour")
 		}
 		if og := preview(t, n, u.Token, site.URL+"/broken-image").json(t); og["og:title"] != "T" || og["og:image"] != nil {
 			t.Errorf("preview with an image that cannot be fetched: %v", og)

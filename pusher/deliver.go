@@ -81,7 +81,7 @@ func (s *Service) deliver(ctx context.Context, upTo storage.StreamPos, pushes []
 // event's type, sender and content.
 func notification(p push, pu storage.Pusher, data map[string]any, badge int) map[string]any {
 	prio := "low"
-	if p.fields["type"] == "m.room.encrypted" || p.outcome.Highlight() || p.outcome.Tweaks["sound"] != nil {
+	if p.fields["type"] == "m.room.encrypted" || p.outcome.Highlight || p.outcome.Tweaks["sound"] != nil {
 		prio = "high"
 	}
 	tweaks := map[string]any{}

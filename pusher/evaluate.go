@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 
-	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -69,7 +68,7 @@ type push struct {
 	userID  string
 	event   storage.PushEvent
 	fields  map[string]any // the event's JSON
-	outcome pushrules.Outcome
+	outcome Outcome
 	// senderName is the sender's display name in the room ("" if none).
 	senderName string
 }
@@ -120,7 +119,7 @@ func (p powerLevels) notificationLevels() map[string]int {
 func (s *Service) evaluate(ctx context.Context, evs []storage.PushEvent) batch {
 	var b batch
 	rooms := map[string]*roomFacts{}
-	rules := map[string]pushrules.Ruleset{}
+	rules := map[string]RuleSet{}
 	now := s.o.Now().UnixMilli()
 	for _, e := range evs {
 		var fields map[string]any
@@ -173,7 +172,7 @@ func (s *Service) evaluate(ctx context.Context, evs []storage.PushEvent) batch {
 			rs, ok := rules[user]
 			if !ok {
 				var err error
-				if rs, err = s.o.Rules.Ruleset(ctx, user); err != nil {
+				if rs, err = s.o.Rules.Rules(ctx, user); err != nil {
 					b.err = err
 					return b
 				}
@@ -183,14 +182,14 @@ func (s *Service) evaluate(ctx context.Context, evs []storage.PushEvent) batch {
 			if c := room.members[user]; c != nil {
 				display, _ = c["displayname"].(string)
 			}
-			out := pushrules.Evaluate(rs, pushrules.Event{JSON: fields, UserDisplayName: display,
+			out := rs.Evaluate(Event{JSON: fields, UserDisplayName: display,
 				MemberCount: room.memberCount, SenderPowerLevel: room.levels.of(e.Sender),
 				NotificationLevels: room.levels.notificationLevels()})
 			if !out.Notify {
 				continue
 			}
 			b.notifications = append(b.notifications, storage.PushNotification{UserID: user, RoomID: e.RoomID,
-				EventID: e.EventID, Pos: e.Pos, Highlight: out.Highlight(), TS: now})
+				EventID: e.EventID, Pos: e.Pos, Highlight: out.Highlight, TS: now})
 			b.pushes = append(b.pushes, push{userID: user, event: e, fields: fields, outcome: out, senderName: senderName})
 		}
 	}

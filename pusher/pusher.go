@@ -28,7 +28,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/fedclient"
-	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -47,9 +46,42 @@ type Store interface {
 	MarkPushRead(ctx context.Context, rd storage.PushRead) error
 }
 
-// Rules gives a user's push rules (pushrules.Service).
+// Rules gives a user's push rules, read once and run against each event
+// of a range (package pushrules, through the server's adapter).
 type Rules interface {
-	Ruleset(ctx context.Context, userID string) (pushrules.Ruleset, error)
+	Rules(ctx context.Context, userID string) (RuleSet, error)
+}
+
+// RuleSet is one user's push rules.
+type RuleSet interface {
+	// Evaluate runs the rules against an event: what the first matching
+	// enabled rule says of it.
+	Evaluate(ev Event) Outcome
+}
+
+// Event is an event as push rules see it, for one receiving user.
+type Event struct {
+	// JSON is the event (the keys conditions name: type, content,
+	// sender, state_key, room_id).
+	JSON map[string]any
+	// UserDisplayName is the receiving user's display name in the room
+	// ("" when none).
+	UserDisplayName string
+	// MemberCount is the number of users joined to the room.
+	MemberCount int
+	// SenderPowerLevel is the sender's power level in the room.
+	SenderPowerLevel int
+	// NotificationLevels are the power levels the room requires to
+	// notify (power_levels' notifications).
+	NotificationLevels map[string]int
+}
+
+// Outcome is what a user's rules say of an event.
+type Outcome struct {
+	Notify    bool
+	Highlight bool
+	// Tweaks are the matching rule's set_tweak actions.
+	Tweaks map[string]any
 }
 
 // Options configure the push side.

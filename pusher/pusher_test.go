@@ -14,8 +14,6 @@ import (
 
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/internal/testutil"
-	"github.com/keyserver/keyserver/pusher"
-	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -402,8 +400,7 @@ func TestUnreadCounts(t *testing.T) {
 
 		// A read receipt's position resets the counts up to it; an older
 		// one changes nothing.
-		svc := pusher.New(n.Store, pusher.Options{ServerName: n.ServerName, Rules: pushrules.New(n.Store, nil)})
-		defer svc.Close()
+		svc := n.Parts.Pushers
 		ctx := context.Background()
 		pos := func(eventID string) storage.StreamPos {
 			ev, err := n.Store.RoomEvent(ctx, eventID)

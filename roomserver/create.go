@@ -63,6 +63,10 @@ func ptr(s string) *string { return &s }
 // spec gives, each authorised against the state before it, and writes
 // them in one transaction. It returns the room ID.
 func (s *Service) CreateRoom(ctx context.Context, creator string, req CreateRoomRequest) (string, error) {
+	return s.createRoom(ctx, creator, req)
+}
+
+func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoomRequest) (string, error) {
 	version := DefaultRoomVersion
 	if req.RoomVersion != "" {
 		version = gomatrixserverlib.RoomVersion(req.RoomVersion)

@@ -234,7 +234,7 @@ func (s *Service) Members(ctx context.Context, req MembersRequest) ([]ClientEven
 		state, err = s.State(ctx, req.UserID, req.RoomID)
 	} else {
 		var at storage.StreamPos
-		if at, err = streamtoken.Parse("at", req.At); err != nil {
+		if at, err = streamtoken.ParsePage("at", req.At); err != nil {
 			return nil, err
 		}
 		state, err = s.stateAt(ctx, req.UserID, req.RoomID, at)

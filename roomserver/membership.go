@@ -29,6 +29,14 @@ import (
 // membership this server sets; the user's profile fills displayname and
 // avatar_url where extra has none.
 func (s *Service) Join(ctx context.Context, userID, roomIDOrAlias string, extra map[string]json.RawMessage, via []string) (string, error) {
+	roomID, err := s.join(ctx, userID, roomIDOrAlias, extra, via)
+	if err == nil {
+		s.followUpgrade(ctx, userID, roomID)
+	}
+	return roomID, err
+}
+
+func (s *Service) join(ctx context.Context, userID, roomIDOrAlias string, extra map[string]json.RawMessage, via []string) (string, error) {
 	roomID := roomIDOrAlias
 	servers := slices.Clone(via)
 	if strings.HasPrefix(roomIDOrAlias, "#") {

@@ -36,6 +36,9 @@ type MessagesResponse struct {
 	Start string        `json:"start"`
 	End   string        `json:"end,omitempty"`
 	Chunk []ClientEvent `json:"chunk"`
+	// State holds, with a filter's lazy_load_members, the member events
+	// of the chunk's senders (lazymembers.go).
+	State []ClientEvent `json:"state,omitempty"`
 }
 
 // DefaultMessagesLimit and MaxMessagesLimit bound a page.
@@ -63,6 +66,10 @@ type RoomEventFilter struct {
 	Senders     *[]string `json:"senders"`
 	NotSenders  []string  `json:"not_senders"`
 	ContainsURL *bool     `json:"contains_url"`
+	// LazyLoadMembers asks /messages for the member events of the
+	// senders of its chunk (in /sync it is read from the state filter,
+	// StateFilter).
+	LazyLoadMembers bool `json:"lazy_load_members"`
 }
 
 // active reports whether the filter leaves any event out.
@@ -290,6 +297,11 @@ func (s *Service) Messages(ctx context.Context, req MessagesRequest) (MessagesRe
 			break
 		}
 	}
+	if filter.LazyLoadMembers {
+		if out.State, err = s.chunkMembers(ctx, out.Chunk); err != nil {
+			return MessagesResponse{}, err
+		}
+	}
 	return out, nil
 }
 
@@ -324,6 +336,9 @@ type ContextRequest struct {
 	UserID, RoomID, EventID string
 	Limit                   string // "" for the default
 	Filter                  string // a RoomEventFilter as JSON; "" for none
+	// Before and After, when set, are how many events to read on each
+	// side instead of Limit split in two (the context of a search).
+	Before, After *int
 }
 
 // ContextResponse is the answer to /context: events_before newest first,
@@ -391,11 +406,15 @@ func (s *Service) Context(ctx context.Context, req ContextRequest) (ContextRespo
 		last := page[len(page)-1].Pos
 		return orEmpty(evs), &last, err
 	}
-	before, oldest, err := around(math.MinInt64, ev.Pos-1, limit/2, false)
+	nBefore, nAfter := limit/2, limit-limit/2
+	if req.Before != nil && req.After != nil {
+		nBefore, nAfter = *req.Before, *req.After
+	}
+	before, oldest, err := around(math.MinInt64, ev.Pos-1, nBefore, false)
 	if err != nil {
 		return ContextResponse{}, err
 	}
-	after, newest, err := around(ev.Pos, r.upTo, limit-limit/2, true)
+	after, newest, err := around(ev.Pos, r.upTo, nAfter, true)
 	if err != nil {
 		return ContextResponse{}, err
 	}

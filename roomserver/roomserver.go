@@ -116,6 +116,7 @@ type Store interface {
 	RoomAlias(ctx context.Context, alias string) (storage.RoomAlias, error)
 	RoomAliases(ctx context.Context, roomID string) ([]string, error)
 	DeleteRoomAlias(ctx context.Context, alias string) error
+	SetRoomPublished(ctx context.Context, roomID string, published bool) error
 	ForgetRoom(ctx context.Context, userID, roomID string) error
 	SnapshotStore
 	SyncStore
@@ -149,6 +150,9 @@ type Options struct {
 	Sink       MembershipSink
 	// Profiles fill local users' member events; nil: they carry none.
 	Profiles Profiles
+	// Upgrades hears of local users joining rooms that replaced others;
+	// nil: nobody.
+	Upgrades UpgradeFollower
 	// KeyRing checks other servers' signatures on events.
 	KeyRing *gomatrixserverlib.KeyRing
 	// Remote fetches events from other servers; nil: none are fetched.
@@ -182,6 +186,9 @@ type Service struct {
 	// profiles fill local users' member events (Options.Profiles); nil:
 	// none.
 	profiles Profiles
+	// lazy remembers the member events each device was sent with lazy
+	// loading (lazymembers.go).
+	lazy lazySent
 }
 
 // New makes a Service.
@@ -199,7 +206,7 @@ func New(db Store, opts Options) *Service {
 }
 
 // DefaultRoomVersion is the version of rooms created without one.
-const DefaultRoomVersion = gomatrixserverlib.RoomVersionV10
+const DefaultRoomVersion = gomatrixserverlib.RoomVersionV11
 
 // MaxEventBytes bounds an event as federation JSON.
 const MaxEventBytes = 65536

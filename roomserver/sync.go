@@ -41,6 +41,7 @@ type Filter struct {
 		NotRooms     []string    `json:"not_rooms"`
 		IncludeLeave bool        `json:"include_leave"`
 		Timeline     EventFilter `json:"timeline"`
+		State        StateFilter `json:"state"`
 	} `json:"room"`
 }
 
@@ -140,6 +141,7 @@ func (s *Service) ResolveFilter(ctx context.Context, userID, param string) (Filt
 // SyncRequest asks for the rooms part of a /sync answer.
 type SyncRequest struct {
 	UserID    string
+	DeviceID  string            // whose lazy-loaded members are remembered
 	From, To  storage.StreamPos // From 0: an initial sync
 	FullState bool
 	Filter    Filter
@@ -342,6 +344,11 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 				if room.Summary, err = s.summary(ctx, m.RoomID, req.UserID); err != nil {
 					return nil, err
 				}
+				if req.Filter.Room.State.LazyLoadMembers {
+					if err := s.heroMembers(ctx, req, m.RoomID, room, full); err != nil {
+						return nil, err
+					}
+				}
 			}
 			out.Join[m.RoomID] = room
 		case spec.Invite:
@@ -378,9 +385,11 @@ func orEmpty[T any](s []T) []T {
 
 // syncTimeline returns a room's timeline in (From, to] and the state
 // before its first event: all of it when full, else the state that
-// changed since From in a gap the timeline leaves out (limited). Events
-// the user may not see (history visibility; joinedNow: the user is in the
-// room) are left out.
+// changed since From in a gap the timeline leaves out (limited: by the
+// limit, or after a gap in the room's history, syncgaps.go); with lazy
+// loading, of the members only those lazyMembers keeps. Events the user
+// may not see (history visibility; joinedNow: the user is in the room)
+// are left out.
 func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncRequest, joinedNow bool, to storage.StreamPos, limit int, full bool) (Timeline, Events, error) {
 	from := req.From
 	if full {
@@ -400,6 +409,11 @@ func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncReque
 	if err != nil {
 		return Timeline{}, Events{}, err
 	}
+	var gapped bool
+	if evs, gapped, err = s.afterGap(ctx, evs); err != nil {
+		return Timeline{}, Events{}, err
+	}
+	limited = limited || gapped
 	timeline := Timeline{Limited: limited}
 	if timeline.Events, err = clientEvents(evs); err != nil {
 		return Timeline{}, Events{}, err
@@ -409,27 +423,19 @@ func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncReque
 	if len(evs) > 0 && req.Token != nil {
 		timeline.PrevBatch = req.Token(evs[0].Pos - 1)
 	}
-	if !full && !limited && !dropped {
+	lazy := req.Filter.Room.State.LazyLoadMembers
+	if !full && !limited && !dropped && !lazy {
 		return timeline, state, nil
 	}
-	// The state before the timeline (for a gap or events left out, what
-	// changed in the range before it); with no event in it, the state at
-	// its end.
-	var before []storage.RoomEvent
-	if len(evs) > 0 {
-		before, err = s.db.RoomStateBefore(ctx, evs[0].EventID)
-	} else {
-		before, err = s.stateAfterEvents(ctx, roomID, to)
-	}
-	if err != nil {
-		return Timeline{}, Events{}, err
-	}
 	var keep []storage.RoomEvent
-	for _, ev := range before {
-		// Without full state, only what changed after the token and
-		// before the timeline: the gap.
-		if full || ev.Pos > req.From {
-			keep = append(keep, ev)
+	if full || limited || dropped {
+		if keep, err = s.stateBeforeTimeline(ctx, roomID, req.From, to, evs, full); err != nil {
+			return Timeline{}, Events{}, err
+		}
+	}
+	if lazy {
+		if keep, err = s.lazyMembers(ctx, req, roomID, evs, keep, full); err != nil {
+			return Timeline{}, Events{}, err
 		}
 	}
 	if state.Events, err = clientEvents(keep); err != nil {
@@ -437,6 +443,39 @@ func (s *Service) syncTimeline(ctx context.Context, roomID string, req SyncReque
 	}
 	state.Events = orEmpty(state.Events)
 	return timeline, state, nil
+}
+
+// stateBeforeTimeline is the state of a /sync entry: the state before
+// the timeline's first event (with no event, the state at its end), all
+// of it when full, else what differs from the state at from (what
+// changed in a gap the timeline leaves out, including state fetched from
+// another server with an event that came after a gap).
+func (s *Service) stateBeforeTimeline(ctx context.Context, roomID string, from, to storage.StreamPos, evs []storage.RoomEvent, full bool) ([]storage.RoomEvent, error) {
+	var before []storage.RoomEvent
+	var err error
+	if len(evs) > 0 {
+		before, err = s.db.RoomStateBefore(ctx, evs[0].EventID)
+	} else {
+		before, err = s.stateAfterEvents(ctx, roomID, to)
+	}
+	if err != nil || full {
+		return before, err
+	}
+	known, err := s.stateAtPos(ctx, roomID, from)
+	if err != nil {
+		return nil, err
+	}
+	had := make(map[string]bool, len(known))
+	for _, ev := range known {
+		had[ev.EventID] = true
+	}
+	var keep []storage.RoomEvent
+	for _, ev := range before {
+		if !had[ev.EventID] {
+			keep = append(keep, ev)
+		}
+	}
+	return keep, nil
 }
 
 // filteredTimeline is the timeline in (from, to] of the events that pass

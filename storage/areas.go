@@ -36,6 +36,7 @@ type Database interface {
 	Rooms
 	RoomAliases
 	RoomDirectory
+	SearchIndex
 	SyncFilters
 	Health
 	Receipts

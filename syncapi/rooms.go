@@ -36,11 +36,11 @@ func (s *Service) syncFilter(ctx context.Context, userID string, o SyncOptions) 
 // roomsSection builds the rooms part for (from, d.Pos] from what d holds
 // (the memberships, the account data) and the rooms' timelines; nil
 // without rooms.
-func (s *Service) roomsSection(ctx context.Context, userID string, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
+func (s *Service) roomsSection(ctx context.Context, userID, deviceID string, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
 	if s.rooms == nil {
 		return nil, nil
 	}
-	req := roomserver.SyncRequest{UserID: userID, From: from, To: d.Pos, FullState: o.FullState, Filter: f, Token: streamtoken.Format,
+	req := roomserver.SyncRequest{UserID: userID, DeviceID: deviceID, From: from, To: d.Pos, FullState: o.FullState, Filter: f, Token: streamtoken.Format,
 		Memberships: d.RoomMemberships, RoomsWithEvents: d.RoomsWithEvents, HaveMemberships: true}
 	if s.opts.AccountData != nil {
 		req.AccountData = d.AccountData

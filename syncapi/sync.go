@@ -355,7 +355,7 @@ func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from stor
 		res.AccountData = s.opts.AccountData.SyncSection(d.AccountData)
 	}
 	var err error
-	res.Rooms, err = s.roomsSection(ctx, c.UserID, from, d, eph, o, f)
+	res.Rooms, err = s.roomsSection(ctx, c.UserID, c.DeviceID, from, d, eph, o, f)
 	return res, err
 }
 

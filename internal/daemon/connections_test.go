@@ -107,17 +107,19 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 func TestLongPollOutlastsTimeouts(t *testing.T) {
 	kstest.ForEachDatabase(t, func(t *testing.T, db kstest.Database) {
 		n := kstest.StartNode(t, db, func(c *config.Config) {
-			c.ClientAPI.ReadTimeout = config.Duration(300 * time.Millisecond)
-			c.ClientAPI.WriteTimeout = config.Duration(300 * time.Millisecond)
+			// Long enough for a registration's password hashing on a
+			// loaded machine; the poll waits well past them.
+			c.ClientAPI.ReadTimeout = config.Duration(time.Second)
+			c.ClientAPI.WriteTimeout = config.Duration(time.Second)
 		})
 		alice := n.Register(t, "alice", "")
 		first := n.Must(t, "GET", "/_matrix/client/v3/sync", alice.Token, nil)
 		start := time.Now()
-		r := n.Do(t, "GET", fmt.Sprintf("/_matrix/client/v3/sync?since=%s&timeout=1500", first["next_batch"]), alice.Token, nil)
+		r := n.Do(t, "GET", fmt.Sprintf("/_matrix/client/v3/sync?since=%s&timeout=2500", first["next_batch"]), alice.Token, nil)
 		if r.Status != http.StatusOK {
 			t.Fatalf("long poll: %d %s", r.Status, r.Raw)
 		}
-		if waited := time.Since(start); waited < 1400*time.Millisecond {
+		if waited := time.Since(start); waited < 2400*time.Millisecond {
 			t.Fatalf("long poll answered after %s, before its timeout", waited)
 		}
 	})

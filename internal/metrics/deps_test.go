@@ -19,7 +19,7 @@ func TestDomainDoesNotDependOnRouter(t *testing.T) {
 		"github.com/keyserver/keyserver/internal/metrics",
 		"github.com/keyserver/keyserver/keyserver",
 		"github.com/keyserver/keyserver/federationsender",
-		"github.com/keyserver/keyserver/devicelist/updater",
+		"github.com/keyserver/keyserver/devicelist",
 		"github.com/keyserver/keyserver/syncnotify",
 		"github.com/keyserver/keyserver/crosssigning",
 		"github.com/keyserver/keyserver/keybackup",

@@ -2,10 +2,15 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/keyserver/keyserver/dehydrated"
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/keyserver"
+	"github.com/keyserver/keyserver/pusher"
+	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/search"
 )
 
 // dehydratedKeys lets dehydrated devices upload their keys through the
@@ -23,4 +28,67 @@ func (k dehydratedKeys) UploadDeviceKeys(ctx context.Context, c matrixid.Caller,
 
 func uploadRequest(k dehydrated.Keys) keyserver.UploadRequest {
 	return keyserver.UploadRequest{DeviceKeys: k.DeviceKeys, OneTimeKeys: k.OneTimeKeys, FallbackKeys: k.FallbackKeys}
+}
+
+// pushRules gives the pushers users' push rules in the terms package
+// pusher declares.
+type pushRules struct{ rules *pushrules.Service }
+
+func (p pushRules) Rules(ctx context.Context, userID string) (pusher.RuleSet, error) {
+	rs, err := p.rules.Ruleset(ctx, userID)
+	return userRules(rs), err
+}
+
+type userRules pushrules.Ruleset
+
+func (r userRules) Evaluate(ev pusher.Event) pusher.Outcome {
+	out := pushrules.Evaluate(pushrules.Ruleset(r), pushrules.Event{JSON: ev.JSON, UserDisplayName: ev.UserDisplayName,
+		MemberCount: ev.MemberCount, SenderPowerLevel: ev.SenderPowerLevel, NotificationLevels: ev.NotificationLevels})
+	return pusher.Outcome{Notify: out.Notify, Highlight: out.Highlight(), Tweaks: out.Tweaks}
+}
+
+// searchRooms gives search the rooms' reads in the terms package search
+// declares.
+type searchRooms struct{ rooms *roomserver.Service }
+
+func (r searchRooms) JoinedRooms(ctx context.Context, userID string) ([]string, error) {
+	return r.rooms.JoinedRooms(ctx, userID)
+}
+
+func (r searchRooms) VisibleEvent(ctx context.Context, userID, roomID, eventID string) (json.RawMessage, error) {
+	ev, err := r.rooms.Event(ctx, userID, roomID, eventID)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(ev)
+}
+
+func (r searchRooms) EventContext(ctx context.Context, userID, roomID, eventID string, before, after int) (search.EventContext, error) {
+	c, err := r.rooms.Context(ctx, roomserver.ContextRequest{UserID: userID, RoomID: roomID, EventID: eventID, Before: &before, After: &after})
+	if err != nil {
+		return search.EventContext{}, err
+	}
+	out := search.EventContext{Start: c.Start, End: c.End, Members: map[string]json.RawMessage{}}
+	for _, evs := range []struct {
+		in  []roomserver.ClientEvent
+		out *[]json.RawMessage
+	}{{c.EventsBefore, &out.EventsBefore}, {c.EventsAfter, &out.EventsAfter}} {
+		for _, e := range evs.in {
+			js, err := json.Marshal(e)
+			if err != nil {
+				return search.EventContext{}, err
+			}
+			*evs.out = append(*evs.out, js)
+		}
+	}
+	for _, e := range c.State {
+		if e.Type == "m.room.member" && e.StateKey != nil {
+			js, err := json.Marshal(e)
+			if err != nil {
+				return search.EventContext{}, err
+			}
+			out.Members[*e.StateKey] = js
+		}
+	}
+	return out, nil
 }

@@ -32,7 +32,7 @@ import (
 	"github.com/keyserver/keyserver/config"
 	"github.com/keyserver/keyserver/crosssigning"
 	"github.com/keyserver/keyserver/dehydrated"
-	"github.com/keyserver/keyserver/devicelist/updater"
+	"github.com/keyserver/keyserver/devicelist"
 	"github.com/keyserver/keyserver/fedclient"
 	"github.com/keyserver/keyserver/federationapi"
 	"github.com/keyserver/keyserver/federationsender"
@@ -51,6 +51,7 @@ import (
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/receipts"
 	"github.com/keyserver/keyserver/roomserver"
+	"github.com/keyserver/keyserver/search"
 	"github.com/keyserver/keyserver/storage/sqlstore"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
@@ -89,7 +90,8 @@ type Tuning struct {
 	Keys       *keyserver.Options
 	Federation *fedclient.Options
 	Sender     *federationsender.Options
-	Updater    *updater.Options
+	Updater    *devicelist.Options
+	Tracker    *devicelist.TrackerOptions
 }
 
 // Server is the built server: its parts, and what takes them down.
@@ -106,8 +108,10 @@ type Server struct {
 	// Federation, Sender and Updater are nil unless Options.Federated.
 	Federation *fedclient.Client
 	Sender     *federationsender.Sender
-	Updater    *updater.Updater
-	KeyRing    *gomatrixserverlib.KeyRing
+	Updater    *devicelist.Updater
+	// DeviceLists tracks other servers' users' device lists.
+	DeviceLists *devicelist.Tracker
+	KeyRing     *gomatrixserverlib.KeyRing
 
 	Users       *userapi.Service
 	Keys        *keyserver.Service
@@ -169,7 +173,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	// notifier and the workers' signals.
 	s.Notifier = syncnotify.New()
 	s.push(func(context.Context) error { s.Notifier.Close(); return nil })
-	t := Tuning{Users: &userapi.Options{}, Keys: &keyserver.Options{}, Federation: &fedclient.Options{}, Sender: &federationsender.Options{}, Updater: &updater.Options{}}
+	t := Tuning{Users: &userapi.Options{}, Keys: &keyserver.Options{}, Federation: &fedclient.Options{}, Sender: &federationsender.Options{}, Updater: &devicelist.Options{}, Tracker: &devicelist.TrackerOptions{}}
 	*t.Federation = fedclient.Options{
 		ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
 		SkipVerify: cfg.Federation.TLSInsecureSkipVerify, Logger: log,
@@ -193,14 +197,14 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		MaxOneTimeKeys:            cfg.ClientAPI.MaxOneTimeKeysPerDevice,
 		DeviceNamesOverFederation: cfg.Federation.AllowDeviceNames,
 		LaxKeyValidation:          !cfg.Keys.StrictValidation,
-		SendWait:                  cfg.Federation.SendWait.Duration(),
 		Logger:                    log,
 		Now:                       o.Now,
 		Notifier:                  s.Notifier,
 	}
 	*t.Sender = federationsender.Options{Workers: cfg.Federation.SenderWorkers, ToDevice: store, PDUs: store,
 		ServerName: cfg.ServerName, DeviceNames: cfg.Federation.AllowDeviceNames, FormatUpdate: crosssigning.UpdateEDU, Logger: log}
-	*t.Updater = updater.Options{Logger: log, Wake: updater.NewSignal()}
+	*t.Updater = devicelist.Options{Logger: log, Wake: devicelist.NewSignal()}
+	*t.Tracker = devicelist.TrackerOptions{SendWait: cfg.Federation.SendWait.Duration(), Logger: log, Now: o.Now}
 	if o.Tune != nil {
 		o.Tune(&t)
 	}
@@ -210,18 +214,19 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		s.Sender = federationsender.New(store, s.Federation, *t.Sender)
 		ch.outbound, ch.stale = s.Sender, t.Updater.Wake
 		t.Keys.Federation, t.Keys.Outbound, t.Keys.StaleLists = s.Federation, s.Sender, t.Updater.Wake
+		t.Tracker.Federation, t.Tracker.StaleLists = s.Federation, t.Updater.Wake
 	}
 
 	// Push rules and the pushers, which hear of every committed room
 	// event as the keys domain does.
 	s.PushRules = pushrules.New(store, ch.StreamAdvanced)
-	s.Pushers = pusher.New(store, pusher.Options{ServerName: cfg.ServerName, Rules: s.PushRules,
+	s.Pushers = pusher.New(store, pusher.Options{ServerName: cfg.ServerName, Rules: pushRules{s.PushRules},
 		AddressPolicy: t.Federation.AddressPolicy, MinBackoff: cfg.Push.MinBackoff.Duration(),
 		MaxBackoff: cfg.Push.MaxBackoff.Duration(), Timeout: cfg.Push.RequestTimeout.Duration(), Logger: log})
 
 	// The domains /sync reads from.
 	ro := roomserver.Options{ServerName: cfg.ServerName, KeyID: s.SigningKey.KeyID, PrivateKey: s.SigningKey.PrivateKey,
-		Sink: roomserver.Sinks{s.Pushers, ch}, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
+		Sink: roomserver.Sinks{s.Pushers, ch}, Upgrades: s.PushRules, Profiles: profile.NewLocal(store, cfg.ServerName), Federated: o.Federated, Logger: log, Now: o.Now}
 	var profileRemote profile.Remote
 	var roomsRemote publicrooms.Remote
 	if s.Federation != nil {
@@ -248,16 +253,18 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Typing, s.Receipts = newEphemeral(cfg, store, ch, s.Pushers, o.Federated, log, o.Now)
 
 	// The keys domain, then /sync, which reads from it and the others.
-	t.Keys.Passwords = s.Users
+	t.Tracker.Changed = ch.StreamAdvanced
+	s.DeviceLists = devicelist.NewTracker(store, *t.Tracker)
+	t.Keys.Passwords, t.Keys.RemoteLists = s.Users, s.DeviceLists
 	s.Keys = keyserver.New(store, *t.Keys)
 	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
 		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
 		Rooms: s.Rooms, Unread: s.Pushers, Ephemeral: []syncapi.Ephemeral{s.Typing, s.Receipts}})
 	if o.Federated {
-		s.Updater = updater.New(store, s.Keys.ResyncStale, *t.Updater)
+		s.Updater = devicelist.New(store, s.DeviceLists.ResyncStale, *t.Updater)
 	}
 	// Other servers' transactions, routed to the domains.
-	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.Keys, DirectToDevice: s.ToDevice,
+	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.DeviceLists, DirectToDevice: s.ToDevice,
 		PDUs: s.Rooms, Typing: s.Typing, Receipts: s.Receipts, Now: o.Now})
 	s.Dehydrated = dehydrated.New(store, dehydratedKeys{s.Keys}, ch.DeviceListChanged, o.Now)
 	if s.Media, err = newMedia(cfg, store, s.Federation, log, o.Now); err != nil {
@@ -286,6 +293,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		PublicRooms:     s.PublicRooms,
 		InitialSync:     initialsync.New(s.Rooms, store),
 		UserDirectory:   userdirectory.New(store, cfg.ClientAPI.UserDirectory.SearchAllUsers),
+		Search:          search.New(store, searchRooms{s.Rooms}),
 		TURN: voip.New(voip.Config{URIs: turn.URIs, SharedSecret: turn.SharedSecret,
 			Username: turn.Username, Password: turn.Password, UserLifetime: turn.UserLifetime.Duration()}, o.Now),
 		Rooms:      s.Rooms,

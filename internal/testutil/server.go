@@ -20,7 +20,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/config"
-	"github.com/keyserver/keyserver/devicelist/updater"
+	"github.com/keyserver/keyserver/devicelist"
 	"github.com/keyserver/keyserver/internal/ratelimit"
 	"github.com/keyserver/keyserver/internal/server"
 	"github.com/keyserver/keyserver/keyserver"
@@ -77,7 +77,7 @@ type Server struct {
 	Store      *sqlstore.Store
 	// Updater resyncs stale remote device lists (nodes only: nil for a
 	// server without federation).
-	Updater *updater.Updater
+	Updater *devicelist.Updater
 	// Parts are the server's parts, as the builder made them.
 	Parts *server.Server
 }

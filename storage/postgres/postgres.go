@@ -25,6 +25,15 @@ var Schema = map[string]string{
 	"{{TEXT_AS_BYTES}}":    textAsBytes,
 	// Text columns added after migration 6 compare as bytes too.
 	"{{TEXT}}": `TEXT COLLATE "C"`,
+	// The search index: each event's words (English stemming, as
+	// Synapse's), found through a GIN index.
+	"{{EVENT_SEARCH}}": `CREATE TABLE room_event_search (
+	event_nid BIGINT PRIMARY KEY,
+	room_id   TEXT COLLATE "C" NOT NULL,
+	key       TEXT COLLATE "C" NOT NULL,
+	vector    tsvector NOT NULL
+);
+CREATE INDEX room_event_search_vector ON room_event_search USING GIN (vector);`,
 }
 
 // textAsBytes gives every text column the "C" collation (migration 6).

@@ -36,6 +36,10 @@ BEGIN
 	// SQLite compares text as bytes unless told otherwise.
 	"{{TEXT_AS_BYTES}}": "",
 	"{{TEXT}}":          "TEXT",
+	// The search index is an FTS4 table (compiled into every build of the
+	// driver; FTS5 needs a build tag), its docid the event's event_nid.
+	"{{EVENT_SEARCH}}": `CREATE VIRTUAL TABLE room_event_search USING fts4(room_id, key, value,
+	notindexed=room_id, notindexed=key, tokenize=unicode61);`,
 }
 
 // IsURI reports whether uri names an SQLite database: "file:..." or a plain

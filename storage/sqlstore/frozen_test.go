@@ -45,6 +45,7 @@ var releasedSteps = map[int]string{
 	25: "66c8c995b94984926ac8801fcc4d0210ada6412f6c0315b04c477d7908a00d46",
 	26: "becc29cf7f00ce32edf3203b1878f73d801b3d3909b2d1b0fce7ad6c169395dc",
 	27: "a9bec5f5982281055aa9aa486e0082ccc4b6d1ba62e2cb01abce55c488b086ea",
+	31: "196ef8d2728f7f870fb65d7565f69ef4f5784bfddf1c0f00ea48acf35002aa69",
 }
 
 // stepDigest is the digest of step m as releasedSteps keeps it: of the

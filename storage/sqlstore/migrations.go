@@ -711,6 +711,19 @@ CREATE INDEX typing_rooms_pos ON typing_rooms (pos);
 -- (m.typing, m.receipt), each with its type
 ALTER TABLE outbound_to_device ADD COLUMN edu_type {{TEXT}} NOT NULL DEFAULT 'm.direct_to_device';
 `},
+	{31, "full-text search of room events", `
+-- the words of the room events /search finds (message bodies, room names
+-- and topics), by event_nid
+{{EVENT_SEARCH}}
+
+-- the event_nid up to which room events are in the index: events are
+-- indexed in the order they were stored, history included
+CREATE TABLE search_position (
+	id        INTEGER PRIMARY KEY,
+	event_nid {{BIGINT}} NOT NULL
+);
+INSERT INTO search_position (id, event_nid) VALUES (1, 0);
+`},
 }
 
 // SchemaVersion is the newest schema version this program knows.

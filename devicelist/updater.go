@@ -1,6 +1,4 @@
-// Package updater keeps the cached device lists of remote users fresh,
-// resyncing in the background those marked stale.
-package updater
+package devicelist
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package keyserver
+package devicelist
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 // DeviceListUpdate handles one m.device_list_update from origin
 // (authenticated); it returns the user when a resync is needed. Updates that are malformed, about users of
 // another server or about users nobody here shares a room with are dropped.
-func (s *Service) DeviceListUpdate(ctx context.Context, origin string, content json.RawMessage) (string, error) {
+func (s *Tracker) DeviceListUpdate(ctx context.Context, origin string, content json.RawMessage) (string, error) {
 	var c struct {
 		UserID      string          `json:"user_id"`
 		DeviceID    string          `json:"device_id"`
@@ -87,7 +87,7 @@ func (s *Service) DeviceListUpdate(ctx context.Context, origin string, content j
 // replaces the cached one, a change for local users sharing a room with
 // the user. Updates that are malformed, about users of another server or
 // about users whose list is not cached are dropped.
-func (s *Service) SigningKeyUpdate(ctx context.Context, origin string, content json.RawMessage) error {
+func (s *Tracker) SigningKeyUpdate(ctx context.Context, origin string, content json.RawMessage) error {
 	var c struct {
 		UserID         string          `json:"user_id"`
 		MasterKey      json.RawMessage `json:"master_key"`
@@ -126,7 +126,7 @@ func (s *Service) SigningKeyUpdate(ctx context.Context, origin string, content j
 // ResyncWithin resyncs users of server (already marked stale by
 // DeviceListUpdate) concurrently, waiting at most SendWait; what does not
 // finish stays stale for the updater.
-func (s *Service) ResyncWithin(ctx context.Context, server string, users map[string]bool) {
+func (s *Tracker) ResyncWithin(ctx context.Context, server string, users map[string]bool) {
 	if len(users) == 0 {
 		return
 	}
