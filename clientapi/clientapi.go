@@ -35,12 +35,14 @@ import (
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/receipts"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/search"
 	"github.com/keyserver/keyserver/spaces"
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/typing"
 	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
@@ -101,6 +103,10 @@ type Options struct {
 	Spaces *spaces.Service
 	// Presence serves /presence; nil: not served.
 	Presence *presence.Service
+	// Typing serves /rooms/{roomId}/typing, Receipts the receipts and
+	// read markers; nil: not served.
+	Typing   *typing.Service
+	Receipts *receipts.Service
 }
 
 // API serves the client-server API.
@@ -174,6 +180,7 @@ func NewHandler(accounts Accounts, keys Keys, sync Sync, opts Options) http.Hand
 	a.initialSyncRoutes(s, prefixed{rooms, clientVersions})
 	a.relationRoutes(r)
 	a.toDeviceRoutes(e2e)
+	a.ephemeralRoutes(prefixed{rooms, clientVersions})
 	a.dehydratedRoutes(prefixed{r, dehydratedPrefix})
 	a.mediaRoutes(prefixed{r, ""})
 	a.spaceRoutes(prefixed{r, ""})

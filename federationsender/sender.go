@@ -810,7 +810,11 @@ func (s *Sender) process(ctx context.Context, d *destination) {
 			d.txn.EDUs = append(d.txn.EDUs, s.edu(log, u))
 		}
 		for _, e := range toDev {
-			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: directToDevice, Content: e.Content})
+			typ := e.Type
+			if typ == "" {
+				typ = directToDevice
+			}
+			d.txn.EDUs = append(d.txn.EDUs, fedclient.EDU{Type: typ, Content: e.Content})
 		}
 		if len(pres) > 0 {
 			d.txn.EDUs = append(d.txn.EDUs, presenceEDU(pres))

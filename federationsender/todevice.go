@@ -7,7 +7,9 @@ import (
 )
 
 // EDUQueue is a second queue of EDUs per destination in the database:
-// to-device messages (package todevice queues them). Its EDUs fill the
+// to-device messages (package todevice queues them), and the typing
+// notifications and receipts of rooms (packages typing and receipts),
+// each EDU with its type. Its EDUs fill the
 // transactions after the device-list updates, sharing their delivery,
 // retries and leases.
 type EDUQueue interface {

@@ -1,10 +1,11 @@
 // Package fedrouter routes the transactions other servers send (PUT
 // /send/{txnId}) to the domains: PDUs to the rooms, device-list and
 // signing-key updates to the keys domain, to-device messages to their
-// package, presence to theirs. It answers a transaction sent again with
-// the answer it stored, without processing it twice. Only
-// m.device_list_update, m.signing_key_update, m.direct_to_device and
-// m.presence EDUs are acted on; other EDU types are not ours to handle.
+// package, presence, typing notifications and receipts to theirs. It
+// answers a transaction sent again with the answer it stored, without
+// processing it twice. Only m.device_list_update, m.signing_key_update,
+// m.direct_to_device, m.presence, m.typing and m.receipt EDUs are acted
+// on; other EDU types are not ours to handle.
 package fedrouter
 
 import (
@@ -48,6 +49,19 @@ type PresenceReceiver interface {
 	ReceivePresence(ctx context.Context, origin string, content json.RawMessage) error
 }
 
+// TypingReceiver takes the m.typing EDUs of a transaction (package
+// typing); ReceiptReceiver the m.receipt EDUs (package receipts). As for
+// to-device messages, an error fails the transaction and a bad EDU is
+// dropped without one.
+type TypingReceiver interface {
+	ReceiveTyping(ctx context.Context, origin string, content json.RawMessage) error
+}
+
+// ReceiptReceiver: see TypingReceiver.
+type ReceiptReceiver interface {
+	ReceiveReceipt(ctx context.Context, origin string, content json.RawMessage) error
+}
+
 // PDUReceiver takes the PDUs of a transaction (package roomserver) and
 // returns each one's error by event ID, "" for one accepted.
 type PDUReceiver interface {
@@ -63,6 +77,8 @@ type Options struct {
 	// Presence takes m.presence EDUs; nil: they are ignored (presence is
 	// off).
 	Presence PresenceReceiver
+	Typing   TypingReceiver
+	Receipts ReceiptReceiver
 	Now      func() time.Time // the clock; time.Now when nil
 }
 
@@ -134,6 +150,14 @@ func (r *Router) HandleTransaction(ctx context.Context, origin, txnID string, bo
 			}
 		case e.Type == "m.presence" && r.o.Presence != nil:
 			if err := r.o.Presence.ReceivePresence(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+		case e.Type == "m.typing" && r.o.Typing != nil:
+			if err := r.o.Typing.ReceiveTyping(ctx, origin, e.Content); err != nil {
+				return nil, err
+			}
+		case e.Type == "m.receipt" && r.o.Receipts != nil:
+			if err := r.o.Receipts.ReceiveReceipt(ctx, origin, e.Content); err != nil {
 				return nil, err
 			}
 		case e.Type == "m.device_list_update" && r.o.DeviceLists != nil:

@@ -198,7 +198,7 @@ type JoinedRoom struct {
 	State       Events            `json:"state"`
 	Timeline    Timeline          `json:"timeline"`
 	AccountData AccountDataEvents `json:"account_data"`
-	Ephemeral   Events            `json:"ephemeral"`
+	Ephemeral   EphemeralEvents   `json:"ephemeral"`
 	// UnreadNotifications are the room's unread counts (package pusher).
 	UnreadNotifications *UnreadNotifications `json:"unread_notifications,omitempty"`
 }
@@ -342,7 +342,7 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*SyncRooms, error)
 				continue
 			}
 			room := &JoinedRoom{State: state, Timeline: timeline,
-				AccountData: AccountDataEvents{Events: orEmpty(data)}, Ephemeral: Events{Events: []ClientEvent{}}}
+				AccountData: AccountDataEvents{Events: orEmpty(data)}, Ephemeral: EphemeralEvents{Events: []json.RawMessage{}}}
 			if full || changesSummary(timeline.Events) || changesSummary(state.Events) {
 				if room.Summary, err = s.summary(ctx, m.RoomID, req.UserID); err != nil {
 					return nil, err

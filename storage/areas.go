@@ -41,6 +41,8 @@ type Database interface {
 	SyncFilters
 	Health
 	PresenceStore
+	Receipts
+	Typing
 }
 
 // Accounts are the local users' accounts and passwords.

@@ -179,6 +179,14 @@ type SyncData struct {
 	// any event), sorted.
 	RoomMemberships []RoomMember
 	RoomsWithEvents []string
+	// Receipts are the receipts in the range of the rooms the user is
+	// joined to (Since 0: all of them), private ones only the user's
+	// own; TypingRooms the rooms the user is joined to whose typing
+	// changed in the range (Since 0: any typing ever), sorted, and Typing
+	// who is typing in them, ended or not.
+	Receipts    []Receipt
+	TypingRooms []string
+	Typing      []TypingUser
 }
 
 // ServerKey is another server's signing key.
@@ -428,7 +436,9 @@ const (
 type OutboundEDU struct {
 	ID          int64
 	Destination string
-	Content     json.RawMessage
+	// Type is the EDU's type; "" for m.direct_to_device.
+	Type    string
+	Content json.RawMessage
 }
 
 // Profile is a user's public profile; an empty field is not set.

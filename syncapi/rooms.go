@@ -2,6 +2,7 @@ package syncapi
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/keyserver/keyserver/internal/streamtoken"
 	"github.com/keyserver/keyserver/roomserver"
@@ -38,7 +39,7 @@ func (s *Service) syncFilter(ctx context.Context, userID string, o SyncOptions) 
 // roomsSection builds the rooms part for (from, d.Pos] from what d holds
 // (the memberships, the account data) and the rooms' timelines; nil
 // without rooms.
-func (s *Service) roomsSection(ctx context.Context, userID, deviceID string, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
+func (s *Service) roomsSection(ctx context.Context, userID, deviceID string, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f roomserver.Filter) (*roomserver.SyncRooms, error) {
 	if s.rooms == nil {
 		return nil, nil
 	}
@@ -48,6 +49,9 @@ func (s *Service) roomsSection(ctx context.Context, userID, deviceID string, fro
 		req.AccountData = d.AccountData
 	}
 	rooms, err := s.rooms.Sync(ctx, req)
+	if err == nil && rooms != nil && len(eph) > 0 {
+		addEphemeral(rooms, eph, d, f)
+	}
 	if err == nil && rooms != nil && s.opts.Unread != nil && len(rooms.Join) > 0 {
 		err = s.unreadCounts(ctx, userID, d.Pos, rooms)
 	}

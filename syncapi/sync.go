@@ -1,13 +1,15 @@
 // Package syncapi assembles /sync and answers /keys/changes: it reads the
 // stream once per answer, puts the parts together from narrow sources
 // declared here (the keys domain's device lists and key counts, the
-// to-device inbox, account data, rooms and their unread counts), hands
-// out and reads back the stream tokens, and lets requests with nothing
-// to answer yet wait for news (package syncnotify wakes them).
+// to-device inbox, account data, rooms with their ephemeral events and
+// unread counts), hands out and reads back the stream tokens, and lets
+// requests with nothing to answer yet wait for news (package syncnotify
+// wakes them).
 package syncapi
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -91,6 +93,9 @@ type Options struct {
 	// Presence gives the presence section and hears of set_presence; nil:
 	// none (presence is off).
 	Presence Presence
+	// Ephemeral give the joined rooms' ephemeral events (typing,
+	// receipts); shown only with rooms.
+	Ephemeral []Ephemeral
 }
 
 // Service assembles /sync and answers /keys/changes.
@@ -323,7 +328,8 @@ func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental
 
 // syncRead reads the stream once and returns the answer with whether it
 // has news for a waiting request: device-list changes, account data
-// changes, room events, or to-device messages. With onlyNews the answer
+// changes, room events, to-device messages, or ephemeral events (typing,
+// receipts) of rooms the filter lets in. With onlyNews the answer
 // is built only when there is news (the request waits on otherwise).
 // A since beyond the stream's position is moved back to it.
 func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
@@ -353,10 +359,15 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 		}
 		news = news || presenceNews
 	}
+	var eph map[string][]json.RawMessage
+	if s.rooms != nil {
+		eph = s.ephemeral(c.UserID, &d, f)
+		news = news || len(eph) > 0
+	}
 	if onlyNews && !news {
 		return SyncResponse{}, false, nil
 	}
-	res, err := s.syncResponse(ctx, c, *sincePos, &d, o, f)
+	res, err := s.syncResponse(ctx, c, *sincePos, &d, eph, o, f)
 	res.Presence = presence
 	return res, news, err
 }
@@ -364,7 +375,7 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 // syncResponse answers with what d holds: the changes in (from, d.Pos];
 // from 0 (no since): the whole state; and the device's to-device
 // messages.
-func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
 	var res SyncResponse
 	var delivered storage.StreamPos
 	if s.opts.ToDevice != nil {
@@ -378,7 +389,7 @@ func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from stor
 		res.AccountData = s.opts.AccountData.SyncSection(d.AccountData)
 	}
 	var err error
-	res.Rooms, err = s.roomsSection(ctx, c.UserID, c.DeviceID, from, d, o, f)
+	res.Rooms, err = s.roomsSection(ctx, c.UserID, c.DeviceID, from, d, eph, o, f)
 	return res, err
 }
 

@@ -14,8 +14,8 @@ import (
 	"github.com/keyserver/keyserver/internal/testutil"
 )
 
-// plainClient is a mautrix-go client of a registered user.
-func plainClient(t *testing.T, n *testutil.Node, u *testutil.User) *mautrix.Client {
+// presenceClient is a mautrix-go client of a registered user.
+func presenceClient(t *testing.T, n *testutil.Node, u *testutil.User) *mautrix.Client {
 	t.Helper()
 	cli, err := mautrix.NewClient(n.URL, id.UserID(u.UserID), u.Token)
 	if err != nil {
@@ -34,7 +34,7 @@ func TestRealClientSeesPresence(t *testing.T) {
 		ctx := context.Background()
 		a := testutil.StartNode(t, db, nil)
 		b := testutil.StartNode(t, testutil.SQLite(t), nil)
-		alice, bob := plainClient(t, a, a.Register(t, "alice", "ALICEDEV")), plainClient(t, b, b.Register(t, "bob", "BOBDEV"))
+		alice, bob := presenceClient(t, a, a.Register(t, "alice", "ALICEDEV")), presenceClient(t, b, b.Register(t, "bob", "BOBDEV"))
 
 		room, err := alice.CreateRoom(ctx, &mautrix.ReqCreateRoom{Preset: "private_chat", Invite: []id.UserID{bob.UserID}})
 		if err != nil {

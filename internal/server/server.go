@@ -50,6 +50,7 @@ import (
 	"github.com/keyserver/keyserver/publicrooms"
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
+	"github.com/keyserver/keyserver/receipts"
 	"github.com/keyserver/keyserver/relations"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/search"
@@ -58,6 +59,7 @@ import (
 	"github.com/keyserver/keyserver/syncapi"
 	"github.com/keyserver/keyserver/syncnotify"
 	"github.com/keyserver/keyserver/todevice"
+	"github.com/keyserver/keyserver/typing"
 	"github.com/keyserver/keyserver/userapi"
 	"github.com/keyserver/keyserver/userdirectory"
 	"github.com/keyserver/keyserver/voip"
@@ -131,6 +133,9 @@ type Server struct {
 	// Presence keeps the users' presence (off, it answers as Synapse
 	// does with presence off).
 	Presence *presence.Service
+	// Typing and Receipts are the rooms' ephemeral events.
+	Typing   *typing.Service
+	Receipts *receipts.Service
 	// Transactions routes other servers' transactions to the domains.
 	Transactions *fedrouter.Router
 	// Parker holds parked /sync connections (nil without
@@ -273,6 +278,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	if cfg.Presence.Enabled {
 		syncPresence, fedPresence = s.Presence, s.Presence
 	}
+	s.Typing, s.Receipts = newEphemeral(cfg, store, ch, s.Pushers, o.Federated, log, o.Now)
 
 	// The keys domain, then /sync, which reads from it and the others.
 	t.Tracker.Changed = ch.StreamAdvanced
@@ -281,13 +287,14 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Keys = keyserver.New(store, *t.Keys)
 	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
 		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
-		Rooms: s.Rooms, Unread: s.Pushers, Presence: syncPresence})
+		Rooms: s.Rooms, Unread: s.Pushers, Presence: syncPresence,
+		Ephemeral: []syncapi.Ephemeral{s.Typing, s.Receipts}})
 	if o.Federated {
 		s.Updater = devicelist.New(store, s.DeviceLists.ResyncStale, *t.Updater)
 	}
 	// Other servers' transactions, routed to the domains.
 	s.Transactions = fedrouter.New(store, fedrouter.Options{DeviceLists: s.DeviceLists, DirectToDevice: s.ToDevice,
-		PDUs: s.Rooms, Presence: fedPresence, Now: o.Now})
+		PDUs: s.Rooms, Presence: fedPresence, Typing: s.Typing, Receipts: s.Receipts, Now: o.Now})
 	s.Dehydrated = dehydrated.New(store, dehydratedKeys{s.Keys}, ch.DeviceListChanged, o.Now)
 	if s.Media, err = newMedia(cfg, store, s.Federation, log, o.Now); err != nil {
 		return nil, err
@@ -326,6 +333,8 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		Media:      s.Media,
 		Spaces:     s.Spaces,
 		Presence:   s.Presence,
+		Typing:     s.Typing,
+		Receipts:   s.Receipts,
 	})
 	s.FederationAPI = federationapi.NewHandler(s.Keys, s.Transactions, federationapi.Options{
 		ServerName:      cfg.ServerName,
@@ -392,6 +401,7 @@ func (s *Server) Start() {
 	run(func(ctx context.Context) { s.Notifier.Watch(ctx, s.Store, s.Log) })
 	run(s.Pushers.Run)
 	run(s.Presence.Run)
+	run(s.Typing.Run)
 	if s.Sender != nil {
 		run(s.Sender.Run)
 	}

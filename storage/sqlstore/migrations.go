@@ -672,6 +672,45 @@ CREATE TABLE push_cursor (
 );
 INSERT INTO push_cursor (id, pos) SELECT 1, pos FROM stream_position WHERE id = 1;
 `},
+	{27, "receipts and typing", `
+-- each user's latest receipt in a room per type and thread (thread_id ''
+-- for an unthreaded one), at the stream position it was stored at;
+-- event_pos is the event's position (0 while the event is not known)
+CREATE TABLE receipts (
+	room_id      {{TEXT}} NOT NULL,
+	receipt_type {{TEXT}} NOT NULL,
+	user_id      {{TEXT}} NOT NULL,
+	thread_id    {{TEXT}} NOT NULL,
+	event_id     {{TEXT}} NOT NULL,
+	event_pos    {{BIGINT}} NOT NULL,
+	ts           {{BIGINT}} NOT NULL,
+	pos          {{BIGINT}} NOT NULL,
+	PRIMARY KEY (room_id, receipt_type, user_id, thread_id)
+);
+CREATE INDEX receipts_pos ON receipts (pos);
+
+-- who is typing in which room, until when (ms), and when its m.typing EDU
+-- was last queued for the room's other servers (0: never, another
+-- server's user); typing_rooms holds the stream position of each room's
+-- last change of who is typing
+CREATE TABLE typing (
+	room_id    {{TEXT}} NOT NULL,
+	user_id    {{TEXT}} NOT NULL,
+	expires_ts {{BIGINT}} NOT NULL,
+	sent_ts    {{BIGINT}} NOT NULL,
+	PRIMARY KEY (room_id, user_id)
+);
+CREATE INDEX typing_expires ON typing (expires_ts);
+CREATE TABLE typing_rooms (
+	room_id {{TEXT}} PRIMARY KEY,
+	pos     {{BIGINT}} NOT NULL
+);
+CREATE INDEX typing_rooms_pos ON typing_rooms (pos);
+
+-- the queue of to-device EDUs carries the other EDUs of rooms too
+-- (m.typing, m.receipt), each with its type
+ALTER TABLE outbound_to_device ADD COLUMN edu_type {{TEXT}} NOT NULL DEFAULT 'm.direct_to_device';
+`},
 	{28, "presence", `
 -- each user's presence, local or remote; pos is the stream position of
 -- the last change clients were told of, times are Unix ms (0: never)

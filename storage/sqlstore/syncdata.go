@@ -49,7 +49,7 @@ SELECT 'room', c.room_id, c.membership, e.event_id, c.pos
 UNION ALL
 SELECT 'roomevents', c.room_id, NULL, NULL, 0 FROM room_current_state c
 	WHERE c.event_type = 'm.room.member' AND c.state_key = $1
-	AND EXISTS (SELECT 1 FROM room_events e WHERE e.room_id = c.room_id AND e.pos > $4 AND e.pos <= ` + syncUpTo + `)`
+	AND EXISTS (SELECT 1 FROM room_events e WHERE e.room_id = c.room_id AND e.pos > $4 AND e.pos <= ` + syncUpTo + `)` + syncEphemeralQuery
 
 // SyncData reads what the stream holds for a /sync answer in one
 // statement. Each part is what the method reading it alone returns
@@ -98,6 +98,8 @@ func (s *Store) SyncData(ctx context.Context, q storage.SyncQuery) (_ storage.Sy
 			d.RoomMemberships = append(d.RoomMemberships, storage.RoomMember{RoomID: a.String, UserID: q.UserID, Membership: b.String, EventID: c.String, Pos: storage.StreamPos(n)})
 		case "roomevents":
 			d.RoomsWithEvents = append(d.RoomsWithEvents, a.String)
+		case "receipt", "typingroom", "typing":
+			syncEphemeralRow(&d, kind, a, b, c, n)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -110,6 +112,7 @@ func (s *Store) SyncData(ctx context.Context, q storage.SyncQuery) (_ storage.Sy
 	sort.SliceStable(d.AccountData, func(i, j int) bool { return d.AccountData[i].Pos < d.AccountData[j].Pos })
 	sort.Slice(d.ToDevice, func(i, j int) bool { return d.ToDevice[i].Pos < d.ToDevice[j].Pos })
 	sort.Strings(d.RoomsWithEvents)
+	sort.Strings(d.TypingRooms)
 	sort.Slice(d.RoomMemberships, func(i, j int) bool { return d.RoomMemberships[i].RoomID < d.RoomMemberships[j].RoomID })
 	return d, nil
 }

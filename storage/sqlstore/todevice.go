@@ -150,7 +150,7 @@ func (s *Store) ToDeviceDestinations(ctx context.Context) (_ []string, err error
 // destination, oldest first.
 func (s *Store) PendingToDevice(ctx context.Context, destination string, limit int) (_ []storage.OutboundEDU, err error) {
 	defer named("PendingToDevice", &err)
-	rows, err := s.q.QueryContext(ctx, `SELECT id, content FROM outbound_to_device WHERE destination = $1 ORDER BY id LIMIT $2`,
+	rows, err := s.q.QueryContext(ctx, `SELECT id, edu_type, content FROM outbound_to_device WHERE destination = $1 ORDER BY id LIMIT $2`,
 		destination, limit)
 	if err != nil {
 		return nil, err
@@ -160,7 +160,7 @@ func (s *Store) PendingToDevice(ctx context.Context, destination string, limit i
 	for rows.Next() {
 		e := storage.OutboundEDU{Destination: destination}
 		var content string
-		if err := rows.Scan(&e.ID, &content); err != nil {
+		if err := rows.Scan(&e.ID, &e.Type, &content); err != nil {
 			return nil, err
 		}
 		e.Content = json.RawMessage(content)
