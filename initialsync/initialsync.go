@@ -18,15 +18,29 @@ import (
 
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/streamtoken"
-	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
-// Rooms reads rooms as a user may see them (package roomserver).
+// Rooms reads rooms as a user may see them (package roomserver, through
+// the server's adapter), events in the client format.
 type Rooms interface {
-	State(ctx context.Context, userID, roomID string) ([]roomserver.ClientEvent, error)
-	Messages(ctx context.Context, req roomserver.MessagesRequest) (roomserver.MessagesResponse, error)
+	// State is a room's current state, or for a user who left it the
+	// state when they left.
+	State(ctx context.Context, userID, roomID string) ([]json.RawMessage, error)
+	// LatestMessages is a page of a room's latest events, newest first,
+	// as /messages pages back from the end of the room.
+	LatestMessages(ctx context.Context, userID, roomID string, limit int) (Page, error)
 }
+
+// Page is a page of /messages: Start where it began, End where the
+// next page back begins ("" when there is none).
+type Page struct {
+	Chunk      []json.RawMessage
+	Start, End string
+}
+
+// MaxLimit caps the messages of a room, as /messages caps a page.
+const MaxLimit = 1000
 
 // Store is what else the answers read (package sqlstore).
 type Store interface {
@@ -58,20 +72,20 @@ type Event struct {
 // Messages are a room's latest messages, oldest first: Start pages back
 // from the first (with /messages), End is where they end.
 type Messages struct {
-	Chunk []roomserver.ClientEvent `json:"chunk"`
-	Start string                   `json:"start"`
-	End   string                   `json:"end"`
+	Chunk []json.RawMessage `json:"chunk"`
+	Start string            `json:"start"`
+	End   string            `json:"end"`
 }
 
 // Room is one room of an answer.
 type Room struct {
-	RoomID      string                   `json:"room_id"`
-	Membership  string                   `json:"membership"`
-	Visibility  string                   `json:"visibility"`
-	Messages    *Messages                `json:"messages,omitempty"`
-	State       []roomserver.ClientEvent `json:"state,omitempty"`
-	AccountData []Event                  `json:"account_data"`
-	Presence    []any                    `json:"presence"`
+	RoomID      string            `json:"room_id"`
+	Membership  string            `json:"membership"`
+	Visibility  string            `json:"visibility"`
+	Messages    *Messages         `json:"messages,omitempty"`
+	State       []json.RawMessage `json:"state,omitempty"`
+	AccountData []Event           `json:"account_data"`
+	Presence    []any             `json:"presence"`
 }
 
 // Response is the answer of GET /initialSync.
@@ -91,7 +105,7 @@ func ParseLimit(s string) (int, error) {
 	if err != nil || n < 0 {
 		return 0, mxerr.InvalidParam("limit must be a non-negative integer")
 	}
-	return min(n, roomserver.MaxMessagesLimit), nil
+	return min(n, MaxLimit), nil
 }
 
 // All answers GET /initialSync: the rooms the user is joined or invited
@@ -167,8 +181,7 @@ func (s *Service) room(ctx context.Context, userID, roomID, membership string, l
 	if err != nil {
 		return Room{}, err
 	}
-	msgs, err := s.rooms.Messages(ctx, roomserver.MessagesRequest{UserID: userID, RoomID: roomID, Dir: "b",
-		Limit: strconv.Itoa(max(limit, 1))})
+	msgs, err := s.rooms.LatestMessages(ctx, userID, roomID, max(limit, 1))
 	if err != nil {
 		return Room{}, err
 	}

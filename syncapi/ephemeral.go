@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"slices"
 
-	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -19,7 +18,7 @@ type Ephemeral interface {
 
 // ephemeral gathers the sources' events of an answer, by room, of the
 // rooms the filter lets in.
-func (s *Service) ephemeral(userID string, d *storage.SyncData, f roomserver.Filter) map[string][]json.RawMessage {
+func (s *Service) ephemeral(userID string, d *storage.SyncData, f RoomFilter) map[string][]json.RawMessage {
 	var out map[string][]json.RawMessage
 	for _, src := range s.opts.Ephemeral {
 		for room, evs := range src.SyncEphemeral(userID, d) {
@@ -36,20 +35,17 @@ func (s *Service) ephemeral(userID string, d *storage.SyncData, f roomserver.Fil
 }
 
 // addEphemeral puts the ephemeral events into the rooms part: a joined
-// room without anything else to show comes in for them, when the filter
-// lets it and the user is joined to it as of the answer.
-func addEphemeral(rooms *roomserver.SyncRooms, eph map[string][]json.RawMessage, d *storage.SyncData, f roomserver.Filter) {
+// room without anything else to show comes in for them when the user is
+// joined to it as of the answer (the events are of rooms the filter lets
+// in).
+func addEphemeral(rooms RoomsSection, eph map[string][]json.RawMessage, d *storage.SyncData) {
+	shown := rooms.JoinedRooms()
 	for room, evs := range eph {
-		r := rooms.Join[room]
-		if r == nil {
-			if !slices.ContainsFunc(d.RoomMemberships, func(m storage.RoomMember) bool {
-				return m.RoomID == room && m.Membership == storage.MembershipJoin && m.Pos <= d.Pos
-			}) {
-				continue
-			}
-			r = roomserver.NewJoinedRoom()
-			rooms.Join[room] = r
+		if !slices.Contains(shown, room) && !slices.ContainsFunc(d.RoomMemberships, func(m storage.RoomMember) bool {
+			return m.RoomID == room && m.Membership == storage.MembershipJoin && m.Pos <= d.Pos
+		}) {
+			continue
 		}
-		r.Ephemeral.Events = append(r.Ephemeral.Events, evs...)
+		rooms.AddEphemeral(room, evs)
 	}
 }

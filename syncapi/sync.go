@@ -17,7 +17,6 @@ import (
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/streamtoken"
-	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/storage"
 	"github.com/keyserver/keyserver/syncnotify"
 )
@@ -167,7 +166,7 @@ type SyncResponse struct {
 	// ToDevice is present when the service keeps to-device messages.
 	ToDevice any `json:"to_device,omitempty"`
 	// Rooms is present when the service has rooms (see rooms.go).
-	Rooms *roomserver.SyncRooms `json:"rooms,omitempty"`
+	Rooms RoomsSection `json:"rooms,omitempty"`
 	// Presence is present when presence is on.
 	Presence any `json:"presence,omitempty"`
 }
@@ -197,7 +196,7 @@ func (s *Service) Sync(ctx context.Context, c matrixid.Caller, since string, tim
 // filter, and how long it may wait (0: it answers at once).
 type syncParams struct {
 	sincePos, acked storage.StreamPos
-	filter          roomserver.Filter
+	filter          RoomFilter
 	timeout         time.Duration
 }
 
@@ -251,7 +250,7 @@ type SyncWaiter struct {
 	c               matrixid.Caller
 	o               SyncOptions
 	sincePos, acked storage.StreamPos
-	filter          roomserver.Filter
+	filter          RoomFilter
 	sub             *syncnotify.Subscription
 }
 
@@ -297,7 +296,7 @@ func (w *SyncWaiter) Close() { w.sub.Close() }
 // of the wait. It is kept apart from Sync, and reads into values it drops
 // before waiting, so that what a waiting request holds is small: its
 // subscription, its timer and the parameters of the answer.
-func (s *Service) syncWait(ctx context.Context, c matrixid.Caller, sincePos, acked storage.StreamPos, timeout time.Duration, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncWait(ctx context.Context, c matrixid.Caller, sincePos, acked storage.StreamPos, timeout time.Duration, o SyncOptions, f RoomFilter) (SyncResponse, error) {
 	sub := s.notifier.Subscribe(c.UserID)
 	defer sub.Close()
 	timer := time.NewTimer(timeout)
@@ -321,7 +320,7 @@ func (s *Service) syncWait(ctx context.Context, c matrixid.Caller, sincePos, ack
 }
 
 // syncAnswer reads the stream once and answers with what it holds.
-func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental bool, sincePos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental bool, sincePos, acked storage.StreamPos, o SyncOptions, f RoomFilter) (SyncResponse, error) {
 	res, _, err := s.syncRead(ctx, c, incremental, false, &sincePos, acked, o, f)
 	return res, err
 }
@@ -332,7 +331,7 @@ func (s *Service) syncAnswer(ctx context.Context, c matrixid.Caller, incremental
 // receipts) of rooms the filter lets in. With onlyNews the answer
 // is built only when there is news (the request waits on otherwise).
 // A since beyond the stream's position is moved back to it.
-func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f roomserver.Filter) (SyncResponse, bool, error) {
+func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, onlyNews bool, sincePos *storage.StreamPos, acked storage.StreamPos, o SyncOptions, f RoomFilter) (SyncResponse, bool, error) {
 	q := storage.SyncQuery{UserID: c.UserID, DeviceID: c.DeviceID, Since: *sincePos, ToDeviceAfter: acked}
 	if s.opts.ToDevice != nil {
 		q.ToDeviceLimit = s.opts.ToDevice.SyncLimit()
@@ -375,7 +374,7 @@ func (s *Service) syncRead(ctx context.Context, c matrixid.Caller, incremental, 
 // syncResponse answers with what d holds: the changes in (from, d.Pos];
 // from 0 (no since): the whole state; and the device's to-device
 // messages.
-func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f roomserver.Filter) (SyncResponse, error) {
+func (s *Service) syncResponse(ctx context.Context, c matrixid.Caller, from storage.StreamPos, d *storage.SyncData, eph map[string][]json.RawMessage, o SyncOptions, f RoomFilter) (SyncResponse, error) {
 	var res SyncResponse
 	var delivered storage.StreamPos
 	if s.opts.ToDevice != nil {

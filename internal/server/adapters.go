@@ -3,14 +3,17 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 
 	"github.com/keyserver/keyserver/dehydrated"
+	"github.com/keyserver/keyserver/initialsync"
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/keyserver"
 	"github.com/keyserver/keyserver/pusher"
 	"github.com/keyserver/keyserver/pushrules"
 	"github.com/keyserver/keyserver/roomserver"
 	"github.com/keyserver/keyserver/search"
+	"github.com/keyserver/keyserver/syncapi"
 )
 
 // dehydratedKeys lets dehydrated devices upload their keys through the
@@ -89,6 +92,68 @@ func (r searchRooms) EventContext(ctx context.Context, userID, roomID, eventID s
 			}
 			out.Members[*e.StateKey] = js
 		}
+	}
+	return out, nil
+}
+
+// syncRooms gives /sync the rooms part in the terms package syncapi
+// declares.
+type syncRooms struct{ rooms *roomserver.Service }
+
+func (r syncRooms) ResolveFilter(ctx context.Context, userID, param string) (syncapi.RoomFilter, error) {
+	f, err := r.rooms.ResolveFilter(ctx, userID, param)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (r syncRooms) Sync(ctx context.Context, req syncapi.RoomsRequest) (syncapi.RoomsSection, error) {
+	f, _ := req.Filter.(roomserver.Filter) // the filter ResolveFilter gave; none: the zero filter
+	rooms, err := r.rooms.Sync(ctx, roomserver.SyncRequest{UserID: req.UserID, DeviceID: req.DeviceID, From: req.From, To: req.To,
+		FullState: req.FullState, Filter: f, AccountData: req.AccountData, Token: req.Token,
+		Memberships: req.Memberships, RoomsWithEvents: req.RoomsWithEvents, HaveMemberships: true})
+	if err != nil || rooms == nil {
+		return nil, err
+	}
+	return rooms, nil
+}
+
+// InitialSyncRooms gives the initial syncs the rooms' reads in the terms
+// package initialsync declares.
+func InitialSyncRooms(rooms *roomserver.Service) initialsync.Rooms { return initialSyncRooms{rooms} }
+
+type initialSyncRooms struct{ rooms *roomserver.Service }
+
+func (r initialSyncRooms) State(ctx context.Context, userID, roomID string) ([]json.RawMessage, error) {
+	evs, err := r.rooms.State(ctx, userID, roomID)
+	if err != nil {
+		return nil, err
+	}
+	return rawEvents(evs)
+}
+
+func (r initialSyncRooms) LatestMessages(ctx context.Context, userID, roomID string, limit int) (initialsync.Page, error) {
+	msgs, err := r.rooms.Messages(ctx, roomserver.MessagesRequest{UserID: userID, RoomID: roomID, Dir: "b", Limit: strconv.Itoa(limit)})
+	if err != nil {
+		return initialsync.Page{}, err
+	}
+	chunk, err := rawEvents(msgs.Chunk)
+	return initialsync.Page{Chunk: chunk, Start: msgs.Start, End: msgs.End}, err
+}
+
+// rawEvents encodes client events one by one (nil for none).
+func rawEvents(evs []roomserver.ClientEvent) ([]json.RawMessage, error) {
+	if evs == nil {
+		return nil, nil
+	}
+	out := make([]json.RawMessage, len(evs))
+	for i, e := range evs {
+		js, err := json.Marshal(e)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = js
 	}
 	return out, nil
 }

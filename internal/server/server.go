@@ -287,7 +287,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 	s.Keys = keyserver.New(store, *t.Keys)
 	s.Sync = syncapi.New(store, syncapi.Options{Keys: s.Keys, Notifier: s.Notifier,
 		MaxTimeout: cfg.ClientAPI.SyncMaxTimeout.Duration(), AccountData: s.AccountData, ToDevice: s.ToDevice,
-		Rooms: s.Rooms, Unread: s.Pushers, Presence: syncPresence,
+		Rooms: syncRooms{s.Rooms}, Unread: s.Pushers, Presence: syncPresence,
 		Ephemeral: []syncapi.Ephemeral{s.Typing, s.Receipts}})
 	if o.Federated {
 		s.Updater = devicelist.New(store, s.DeviceLists.ResyncStale, *t.Updater)
@@ -320,7 +320,7 @@ func Build(ctx context.Context, cfg *config.Config, o Options) (_ *Server, err e
 		PushRules:       s.PushRules,
 		Pushers:         s.Pushers,
 		PublicRooms:     s.PublicRooms,
-		InitialSync:     initialsync.New(s.Rooms, store),
+		InitialSync:     initialsync.New(InitialSyncRooms(s.Rooms), store),
 		UserDirectory:   userdirectory.New(store, cfg.ClientAPI.UserDirectory.SearchAllUsers),
 		Search:          search.New(store, searchRooms{s.Rooms}),
 		TURN: voip.New(voip.Config{URIs: turn.URIs, SharedSecret: turn.SharedSecret,
