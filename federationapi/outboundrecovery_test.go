@@ -103,6 +103,9 @@ func TestSignOfLifeResetsOutboundBackoff(t *testing.T) {
 		peer.down.Store(true)
 		n.Login(t, alice, "NEW")
 		eventually(t, "four failed attempts", func() bool { return attemptsStored(n, peer.Name) >= 4 })
+		// A daemon forgets the stored failures on a sign of life once it
+		// knows of them (its own, or read within the second).
+		eventually(t, "the daemon to know the peer is failing", func() bool { return n.Parts.Sender.KnowsFailing(peer.Name) })
 		before := peer.attempts.Load()
 		peer.signOfLife(t, n, alice.UserID)
 		// The next wait would be 1.6 s (200 ms doubled per failure): a
@@ -179,6 +182,9 @@ func TestInstancesTakeOverFromEachOther(t *testing.T) {
 	first.Login(t, alice, "NEW")
 	for _, n := range []*testutil.Node{second, first, second} {
 		eventually(t, "four failed attempts", func() bool { return attemptsStored(first, peer.Name) >= 4 })
+		// A daemon forgets the stored failures on a sign of life once it
+		// knows of them (its own, or read within the second).
+		eventually(t, "the daemon to know the peer is failing", func() bool { return n.Parts.Sender.KnowsFailing(peer.Name) })
 		before := peer.attempts.Load()
 		peer.signOfLife(t, n, alice.UserID)
 		eventually(t, "a retry at once, counted from one", func() bool {

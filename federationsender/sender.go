@@ -971,6 +971,12 @@ func (s *Sender) revivedDuringSend(d *destination) bool {
 	return true
 }
 
+// KnowsFailing reports whether this daemon knows dest to have failures
+// stored (its own, or another daemon's as of its last read of the retry
+// state, at most a second old): only then does a sign of life from dest
+// make it forget them for every daemon (for tests).
+func (s *Sender) KnowsFailing(dest string) bool { return s.isFailing(dest) }
+
 // isFailing reports whether dest is known to have failures stored.
 func (s *Sender) isFailing(dest string) bool {
 	s.mu.Lock()
