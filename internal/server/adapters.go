@@ -72,17 +72,11 @@ func (r searchRooms) EventContext(ctx context.Context, userID, roomID, eventID s
 		return search.EventContext{}, err
 	}
 	out := search.EventContext{Start: c.Start, End: c.End, Members: map[string]json.RawMessage{}}
-	for _, evs := range []struct {
-		in  []roomserver.ClientEvent
-		out *[]json.RawMessage
-	}{{c.EventsBefore, &out.EventsBefore}, {c.EventsAfter, &out.EventsAfter}} {
-		for _, e := range evs.in {
-			js, err := json.Marshal(e)
-			if err != nil {
-				return search.EventContext{}, err
-			}
-			*evs.out = append(*evs.out, js)
-		}
+	if out.EventsBefore, err = rawEvents(c.EventsBefore); err != nil {
+		return search.EventContext{}, err
+	}
+	if out.EventsAfter, err = rawEvents(c.EventsAfter); err != nil {
+		return search.EventContext{}, err
 	}
 	for _, e := range c.State {
 		if e.Type == "m.room.member" && e.StateKey != nil {
