@@ -338,13 +338,5 @@ func (s *Store) MarkPresenceSent(ctx context.Context, destination string, sent [
 	if len(sent) == 0 {
 		return nil
 	}
-	return s.write(ctx, func(tx *txn) error {
-		for _, e := range sent {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_presence WHERE destination = $1 AND id = $2`,
-				destination, e.ID); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return s.deleteSentEDUs(ctx, "outbound_presence", destination, sent)
 }

@@ -175,19 +175,26 @@ func (s *Store) MarkToDeviceSent(ctx context.Context, destination string, sent [
 	if len(sent) == 0 {
 		return nil
 	}
-	return s.write(ctx, func(tx *txn) error {
-		for _, e := range sent {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM outbound_to_device WHERE destination = $1 AND id = $2`,
-				destination, e.ID); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return s.deleteSentEDUs(ctx, "outbound_to_device", destination, sent)
 }
 
 // deleteUserInboxes deletes the inboxes of every device of a user, in tx.
 func deleteUserInboxes(ctx context.Context, tx *txn, userID string) error {
 	_, err := tx.ExecContext(ctx, `DELETE FROM to_device_inbox WHERE user_id = $1`, userID)
 	return err
+}
+
+// deleteSentEDUs removes delivered entries of an EDU queue (table
+// outbound_to_device or outbound_presence) by their IDs, in one
+// transaction; entries queued meanwhile stay.
+func (s *Store) deleteSentEDUs(ctx context.Context, table, destination string, sent []storage.OutboundEDU) error {
+	return s.write(ctx, func(tx *txn) error {
+		for _, e := range sent {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE destination = $1 AND id = $2`,
+				destination, e.ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
