@@ -100,11 +100,15 @@ func TestTypingEndsWithItsTimeout(t *testing.T) {
 			t.Fatalf("typing %v before its end, want alice", got)
 		}
 		f.clock.Advance(time.Second)
-		testutil.Eventually(t, "the typing to end", func() bool {
-			due, err := f.srv.Store.ExpiredTyping(ctx, f.clock.Now().UnixMilli())
-			return err == nil && len(due) == 0
+		// The end is passed on after its write commits: wait for that.
+		ch = nil
+		testutil.Eventually(t, "the typing's end passed on", func() bool {
+			ch = append(ch, f.changed()...)
+			return len(ch) > 0
 		})
-		ch = f.changed()
+		if due, err := f.srv.Store.ExpiredTyping(ctx, f.clock.Now().UnixMilli()); err != nil || len(due) != 0 {
+			t.Fatalf("typings still due after the end: %v, %v", due, err)
+		}
 		if len(ch) != 1 || ch[0].Pos == 0 || !slices.Equal(ch[0].Users, []string{f.alice.UserID, f.bob.UserID}) {
 			t.Fatalf("the end's changes %+v, want one for alice and bob", ch)
 		}
