@@ -90,6 +90,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
@@ -237,7 +238,7 @@ func RoomVersions() map[string]string {
 // In version 12 provider must hold the room's create event, which the
 // event's auth_events do not list.
 func allowed(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvider) error {
-	return gomatrixserverlib.Allowed(ev, provider, userIDForSender)
+	return authrules.Allowed(ev, provider, userIDForSender)
 }
 
 // resolveV21 resolves the states of a version 12 room (state resolution
