@@ -132,3 +132,32 @@ func TestAuthDifferenceIsReplayed(t *testing.T) {
 		{"END", "PB", "PA", "START"},
 	}, []string{"PB"})
 }
+
+// Power events are replayed after the events of their auth chains even when
+// tie-breaks would put them first: Alice's PC builds on Bob's PB, so it is
+// replayed after it and wins.
+func TestPowerOrderFollowsAuthChain(t *testing.T) {
+	classic(t, []evSpec{
+		state("PA", alice, spec.MRoomPowerLevels, pl(map[string]any{alice: 100, bob: 50})),
+		state("PB", bob, spec.MRoomPowerLevels, pl(map[string]any{alice: 100, bob: 50, charlie: 50})),
+		state("PC", alice, spec.MRoomPowerLevels, pl(map[string]any{alice: 100, bob: 50, charlie: 0})),
+	}, [][]string{
+		{"END", "PC", "PB", "PA", "START"},
+		{"END", "START"},
+	}, []string{"PC"})
+}
+
+// Events of a power event's auth chain are replayed with the power events:
+// Bob, kicked (K), rejoins (J) and bans Zara (B). A fork that still has the
+// kick must not undo the ban, which needs the rejoin replayed before it.
+func TestPowerEventsBringTheirAuthChain(t *testing.T) {
+	classic(t, []evSpec{
+		state("PA", alice, spec.MRoomPowerLevels, pl(map[string]any{alice: 100, bob: 50})),
+		member("K", alice, bob, spec.Leave),
+		member("J", bob, bob, spec.Join),
+		member("B", bob, zara, spec.Ban),
+	}, [][]string{
+		{"END", "B", "J", "K", "PA", "START"},
+		{"END", "K"},
+	}, []string{"PA", "J", "B"})
+}
