@@ -93,6 +93,7 @@ import (
 	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/roomversion"
+	"github.com/keyserver/keyserver/stateres"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -244,7 +245,7 @@ func allowed(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvi
 // resolveV21 resolves the states of a version 12 room (state resolution
 // v2.1).
 func resolveV21(states [][]gomatrixserverlib.PDU, authChain []gomatrixserverlib.PDU, isRejected func(string) bool) ([]gomatrixserverlib.PDU, error) {
-	return nil, errors.New("state resolution v2.1 is not available")
+	return stateres.ResolveV21(states, authChain, allowed, isRejected)
 }
 
 // userIDForSender maps a sender to its user: the same in every version
