@@ -131,3 +131,52 @@ func TestRoomVersion12BetweenDaemons(t *testing.T) {
 		}
 	})
 }
+
+// A version 11 room upgraded to version 12 with an additional creator on
+// the other server: the new room's ID is its create event's hash, its
+// creators are the upgrading user and bob, neither is listed in its
+// power levels (where the old room listed alice), and bob follows the
+// tombstone and acts as a creator there.
+func TestUpgradeToRoomVersion12BetweenDaemons(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		a, b := testutil.StartNode(t, db, nil), testutil.StartNode(t, testutil.SQLite(t), nil)
+		alice := a.Register(t, "alice", "")
+		bob := b.Register(t, "bob", "")
+		old := a.Must(t, "POST", clientV3+"/createRoom", alice.Token, map[string]any{"preset": "public_chat", "room_version": "11", "name": "before"})["room_id"].(string)
+		joinVia(t, b, bob, old, a)
+		if r := a.Do(t, "POST", rpath(old, "/upgrade"), alice.Token, map[string]any{"new_version": "11", "additional_creators": []string{bob.UserID}}); r.Status != 400 {
+			t.Fatalf("additional creators for a version 11 room: %d %s", r.Status, r.Raw)
+		}
+		if r := a.Do(t, "POST", rpath(old, "/upgrade"), alice.Token, map[string]any{"new_version": "12", "additional_creators": []string{"bob"}}); r.Status != 400 {
+			t.Fatalf("an additional creator that is not a user ID: %d %s", r.Status, r.Raw)
+		}
+		repl := a.Must(t, "POST", rpath(old, "/upgrade"), alice.Token, map[string]any{"new_version": "12", "additional_creators": []string{bob.UserID}})["replacement_room"].(string)
+		if !hashRoomID.MatchString(repl) {
+			t.Fatalf("replacement room ID %q", repl)
+		}
+		if pl := a.Must(t, "GET", rpath(old, "/state/m.room.power_levels/"), alice.Token, nil); pl["users"].(map[string]any)[alice.UserID] == nil {
+			t.Fatalf("the old room's power levels lost alice: %v", pl)
+		}
+		eventually(t, "the tombstone to reach bob's server", func() bool {
+			r := b.Do(t, "GET", rpath(old, "/state/m.room.tombstone/"), bob.Token, nil)
+			return r.Status == 200 && r.Body["replacement_room"] == repl
+		})
+		joinVia(t, b, bob, repl, a)
+		create := b.Must(t, "GET", rpath(repl, "/state/m.room.create/"), bob.Token, nil)
+		if pred, _ := create["predecessor"].(map[string]any); create["room_version"] != "12" || pred["room_id"] != old ||
+			len(asList(create["additional_creators"])) != 1 || asList(create["additional_creators"])[0] != bob.UserID {
+			t.Fatalf("the new room's create content on bob's server: %v", create)
+		}
+		pl := b.Must(t, "GET", rpath(repl, "/state/m.room.power_levels/"), bob.Token, nil)
+		if users, _ := pl["users"].(map[string]any); users[alice.UserID] != nil || users[bob.UserID] != nil {
+			t.Fatalf("creators listed in the new room's power levels: %v", pl["users"])
+		}
+		// Bob, a creator with no power level entry, changes a state event
+		// that needs 100.
+		b.Must(t, "PUT", rpath(repl, "/state/m.room.history_visibility/"), bob.Token, map[string]any{"history_visibility": "joined"})
+		eventually(t, "bob's change on alice's server", func() bool {
+			r := a.Do(t, "GET", rpath(repl, "/state/m.room.history_visibility/"), alice.Token, nil)
+			return r.Status == 200 && r.Body["history_visibility"] == "joined"
+		})
+	})
+}
