@@ -135,6 +135,14 @@ func ResolveV21(states [][]gomatrixserverlib.PDU, authChain []gomatrixserverlib.
 		return nil, err
 	}
 	r.create = create
+	roomID := create.RoomID().String()
+	for i, m := range stateMaps {
+		for _, ev := range m {
+			if got := ev.RoomID().String(); got != roomID {
+				return nil, fmt.Errorf("stateres: state set %d holds %s of room %s, not %s", i, ev.EventID(), got, roomID)
+			}
+		}
+	}
 	r.privilegedCreators = roomversion.Is12(create.Version())
 
 	// The full conflicted set: the conflicted state set, the auth difference
@@ -214,11 +222,14 @@ type resolver struct {
 // ID), so it has to be supplied to every auth check.
 func (r *resolver) findCreate(stateMaps []map[stateKey]gomatrixserverlib.PDU, unconflicted map[stateKey]gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error) {
 	createKey := stateKey{spec.MRoomCreate, ""}
+	// The room is the one the non-create events name.
 	var roomID string
 	for _, m := range stateMaps {
-		for _, ev := range m {
-			roomID = ev.RoomID().String()
-			break
+		for k, ev := range m {
+			if k != createKey {
+				roomID = ev.RoomID().String()
+				break
+			}
 		}
 		if roomID != "" {
 			break

@@ -68,3 +68,34 @@ func TestV12StartsFromEmptyState(t *testing.T) {
 		t.Fatalf("join rules %q, want JR2; state:\n%s", jr, r.describe(got))
 	}
 }
+
+// The room's create event is the one the room ID names, even when the state
+// sets disagree about it and the auth chain holds another room's create
+// event; an event of another room in a state set is an error.
+func TestV12CreateEventOfTheRoom(t *testing.T) {
+	other := newTestRoomV12(t)
+	other.add(state("CREATE", zara, spec.MRoomCreate, map[string]any{"room_version": "12"}))
+	otherIMZ := other.add(member("IMZ", zara, zara, spec.Join), "CREATE")
+
+	r := newTestRoomV12(t)
+	r.add(state("CREATE", alice, spec.MRoomCreate, map[string]any{"room_version": "12"}))
+	r.add(member("IMA", alice, alice, spec.Join), "CREATE")
+	r.add(state("IPOWER", alice, spec.MRoomPowerLevels, pl(map[string]any{})), "IMA")
+	sets := [][]gomatrixserverlib.PDU{
+		r.events("CREATE", "IMA", "IPOWER"),
+		r.events("IMA", "IPOWER"),
+	}
+	authChain := append(append([]gomatrixserverlib.PDU{}, r.all...), other.all...)
+	got, err := ResolveV21(sets, authChain, allowedV12, noneRejected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.nameAt(got, spec.MRoomCreate, ""); c != "CREATE" || len(got) != 3 {
+		t.Fatalf("create %q, want the room's; state:\n%s", c, r.describe(got))
+	}
+
+	sets[1] = append(sets[1], otherIMZ)
+	if _, err := ResolveV21(sets, authChain, allowedV12, noneRejected); err == nil {
+		t.Fatal("an event of another room in a state set: no error")
+	}
+}
