@@ -318,7 +318,9 @@ func (r *resolver) ancestors(from []gomatrixserverlib.PDU) map[string]struct{} {
 }
 
 // authDifference returns the events that are in the full auth chain of some
-// state set but not in that of every state set.
+// state set but not in that of every state set. A state set's full auth
+// chain holds its own events too, as Synapse computes it: an event that
+// every state set holds is never part of the difference.
 func (r *resolver) authDifference(stateMaps []map[stateKey]gomatrixserverlib.PDU) map[string]struct{} {
 	counts := make(map[string]int)
 	for _, m := range stateMaps {
@@ -326,7 +328,11 @@ func (r *resolver) authDifference(stateMaps []map[stateKey]gomatrixserverlib.PDU
 		for _, ev := range m {
 			set = append(set, ev)
 		}
-		for id := range r.ancestors(set) {
+		chain := r.ancestors(set)
+		for _, ev := range set {
+			chain[ev.EventID()] = struct{}{}
+		}
+		for id := range chain {
 			counts[id]++
 		}
 	}
