@@ -161,3 +161,29 @@ func TestPowerEventsBringTheirAuthChain(t *testing.T) {
 		{"END", "K"},
 	}, []string{"PA", "J", "B"})
 }
+
+// Before room version 12, a sender whose event cites no power levels event
+// has 100 if they created the room and 0 otherwise: Alice's join rules JRA,
+// sent before the room had power levels, rank with Alice's power levels
+// event P and above Bob's JRB (Bob has 50), so JRB is replayed last.
+func TestCreatorRanksAt100WithoutPowerLevels(t *testing.T) {
+	r := newTestRoom(t)
+	r.add(state("CREATE", alice, spec.MRoomCreate, map[string]any{"room_version": "11"}))
+	r.add(member("IMA", alice, alice, spec.Join), "CREATE")
+	r.add(state("IJR", alice, spec.MRoomJoinRules, map[string]any{"join_rule": spec.Public}), "IMA")
+	r.add(member("IMB", bob, bob, spec.Join), "IJR")
+	r.add(state("P", alice, spec.MRoomPowerLevels, pl(map[string]any{alice: 100, bob: 50})), "IMB")
+	r.add(state("JRA", alice, spec.MRoomJoinRules, map[string]any{"join_rule": spec.Knock}), "IMB")
+	r.add(state("JRB", bob, spec.MRoomJoinRules, map[string]any{"join_rule": spec.Invite}), "P")
+	r.add(message("END", bob), "JRA", "JRB")
+	if jr := r.nameAt(stateList(r.stateAfter["END"]), spec.MRoomJoinRules, ""); jr != "JRB" {
+		t.Fatalf("join rules %q, want JRB", jr)
+	}
+	for _, n := range []string{"JRA", "P"} {
+		for _, id := range r.byName[n].AuthEventIDs() {
+			if r.names[id] == "P" {
+				t.Fatalf("%s cites a power levels event", n)
+			}
+		}
+	}
+}

@@ -11,6 +11,9 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/authrules"
+	"github.com/keyserver/keyserver/roomversion"
 )
 
 const (
@@ -31,6 +34,11 @@ func userIDForSender(_ spec.RoomID, senderID spec.SenderID) (*spec.UserID, error
 // authorization rules.
 func allowedV11(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvider) error {
 	return gomatrixserverlib.Allowed(ev, provider, userIDForSender)
+}
+
+// allowedV12 is the auth function of room version 12 rooms.
+func allowedV12(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvider) error {
+	return authrules.Allowed(ev, provider, userIDForSender)
 }
 
 func noneRejected(string) bool { return false }
@@ -61,12 +69,15 @@ func message(name, sender string) evSpec {
 	return evSpec{name: name, sender: sender, typ: "m.room.message", content: map[string]any{}}
 }
 
-// testRoom builds a room's DAG of signed room version 11 events. The state
+// testRoom builds a room's DAG of signed room version 11 (or 12) events. The state
 // after each event is computed as a server does: the state before the event
 // is the state after its single prev event, or the resolution (ResolveV21)
 // of the states after its prev events.
 type testRoom struct {
 	t          *testing.T
+	version    gomatrixserverlib.RoomVersion
+	roomID     string
+	allowed    AuthFunc
 	key        ed25519.PrivateKey
 	ts         int64
 	byName     map[string]gomatrixserverlib.PDU
@@ -81,11 +92,22 @@ func newTestRoom(t *testing.T) *testRoom {
 	copy(seed, "stateres test signing key seed!!")
 	return &testRoom{
 		t:          t,
+		version:    gomatrixserverlib.RoomVersionV11,
+		roomID:     testRoomID,
+		allowed:    allowedV11,
 		key:        ed25519.NewKeyFromSeed(seed),
 		byName:     map[string]gomatrixserverlib.PDU{},
 		names:      map[string]string{},
 		stateAfter: map[string]map[stateKey]gomatrixserverlib.PDU{},
 	}
+}
+
+// newTestRoomV12 starts a room version 12 room; its ID is known once the
+// create event is added.
+func newTestRoomV12(t *testing.T) *testRoom {
+	r := newTestRoom(t)
+	r.version, r.roomID, r.allowed = roomversion.V12, "", allowedV12
+	return r
 }
 
 // add builds the event with the given prev events (names) and records it.
@@ -103,7 +125,7 @@ func (r *testRoom) add(s evSpec, prev ...string) gomatrixserverlib.PDU {
 		for _, p := range prev {
 			sets = append(sets, stateList(r.stateAfter[p]))
 		}
-		resolved, err := ResolveV21(sets, r.all, allowedV11, noneRejected)
+		resolved, err := ResolveV21(sets, r.all, r.allowed, noneRejected)
 		if err != nil {
 			r.t.Fatalf("resolving the state before %s: %v", s.name, err)
 		}
@@ -123,30 +145,40 @@ func (r *testRoom) add(s evSpec, prev ...string) gomatrixserverlib.PDU {
 	}
 	proto := gomatrixserverlib.ProtoEvent{
 		SenderID:   s.sender,
-		RoomID:     testRoomID,
+		RoomID:     r.roomID,
 		Type:       s.typ,
 		StateKey:   s.stateKey,
 		Content:    content,
 		PrevEvents: prevIDs,
 		Depth:      int64(len(r.all) + 1),
 	}
-	eb := gomatrixserverlib.MustGetRoomVersion(gomatrixserverlib.RoomVersionV11).NewEventBuilderFromProtoEvent(&proto)
 	if s.auth != nil {
 		ids := make([]string, 0, len(s.auth))
 		for _, a := range s.auth {
 			ids = append(ids, r.id(a))
 		}
-		eb.AuthEvents = ids
+		proto.AuthEvents = ids
 	} else {
+		needed, err := gomatrixserverlib.StateNeededForProtoEvent(&proto)
+		if roomversion.Is12(r.version) {
+			// The create event is implied by the room ID.
+			needed, err = authrules.AuthEventsNeededForProto(&proto)
+		}
+		if err != nil {
+			r.t.Fatalf("auth events of %s: %v", s.name, err)
+		}
 		provider := gomatrixserverlib.NewAuthEvents(stateList(before))
-		if err := eb.AddAuthEvents(&provider); err != nil {
+		if proto.AuthEvents, err = needed.AuthEventReferences(&provider); err != nil {
 			r.t.Fatalf("auth events of %s: %v", s.name, err)
 		}
 	}
 	r.ts++
-	ev, err := eb.Build(time.UnixMilli(r.ts), "example.com", "ed25519:1", r.key)
+	ev, err := roomversion.Build(r.version, &proto, time.UnixMilli(r.ts), "example.com", "ed25519:1", r.key)
 	if err != nil {
 		r.t.Fatalf("building %s: %v", s.name, err)
+	}
+	if r.roomID == "" {
+		r.roomID = ev.RoomID().String()
 	}
 	if _, dup := r.byName[s.name]; dup {
 		r.t.Fatalf("two events named %s", s.name)
@@ -229,7 +261,7 @@ func (r *testRoom) resolveV2(sets [][]gomatrixserverlib.PDU, isRejected func(str
 // the auth chain.
 func (r *testRoom) resolveV21(sets [][]gomatrixserverlib.PDU, isRejected func(string) bool) []gomatrixserverlib.PDU {
 	r.t.Helper()
-	out, err := ResolveV21(sets, r.all, allowedV11, isRejected)
+	out, err := ResolveV21(sets, r.all, r.allowed, isRejected)
 	if err != nil {
 		r.t.Fatalf("v2.1 resolution: %v", err)
 	}

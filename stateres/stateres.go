@@ -21,6 +21,9 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/authrules"
+	"github.com/keyserver/keyserver/roomversion"
 )
 
 // AuthFunc checks an event against the auth events in provider (the integrator passes authrules.Allowed with userIDForSender bound).
@@ -132,7 +135,15 @@ func ResolveV21(states [][]gomatrixserverlib.PDU, authChain []gomatrixserverlib.
 		return nil, err
 	}
 	r.create = create
-	r.creators = creatorsOf(create)
+	roomID := create.RoomID().String()
+	for i, m := range stateMaps {
+		for _, ev := range m {
+			if got := ev.RoomID().String(); got != roomID {
+				return nil, fmt.Errorf("stateres: state set %d holds %s of room %s, not %s", i, ev.EventID(), got, roomID)
+			}
+		}
+	}
+	r.privilegedCreators = roomversion.Is12(create.Version())
 
 	// The full conflicted set: the conflicted state set, the auth difference
 	// and the conflicted state subgraph. Rejected events are never replayed.
@@ -200,8 +211,10 @@ type resolver struct {
 	allowed    AuthFunc
 	isRejected func(string) bool
 	create     gomatrixserverlib.PDU
-	creators   map[string]struct{} // privileged creators (room version 12 and later), nil before
-	chains     map[string]map[string]struct{}
+	// privilegedCreators: the room's creators have infinite power (room
+	// version 12).
+	privilegedCreators bool
+	chains             map[string]map[string]struct{}
 }
 
 // findCreate returns the room's create event. From room version 12 the
@@ -209,18 +222,21 @@ type resolver struct {
 // ID), so it has to be supplied to every auth check.
 func (r *resolver) findCreate(stateMaps []map[stateKey]gomatrixserverlib.PDU, unconflicted map[stateKey]gomatrixserverlib.PDU) (gomatrixserverlib.PDU, error) {
 	createKey := stateKey{spec.MRoomCreate, ""}
+	// The room is the one the non-create events name.
 	var roomID string
 	for _, m := range stateMaps {
-		for _, ev := range m {
-			roomID = ev.RoomID().String()
-			break
+		for k, ev := range m {
+			if k != createKey {
+				roomID = ev.RoomID().String()
+				break
+			}
 		}
 		if roomID != "" {
 			break
 		}
 	}
 	if roomID != "" {
-		if ev, ok := r.events["$"+strings.TrimPrefix(roomID, "!")]; ok && isCreate(ev) && !r.isRejected(ev.EventID()) {
+		if ev, ok := r.events[roomversion.CreateEventID(roomID)]; ok && isCreate(ev) && !r.isRejected(ev.EventID()) {
 			return ev, nil
 		}
 	}
@@ -245,38 +261,6 @@ func (r *resolver) findCreate(stateMaps []map[stateKey]gomatrixserverlib.PDU, un
 
 func isCreate(ev gomatrixserverlib.PDU) bool {
 	return ev.Type() == spec.MRoomCreate && ev.StateKeyEquals("")
-}
-
-// privilegedCreators reports whether the room version gives the room's
-// creators unlimited power (room version 12 and later).
-func privilegedCreators(ver gomatrixserverlib.RoomVersion) bool {
-	n, err := strconv.Atoi(string(ver))
-	if err != nil {
-		// Unstable identifiers of versions newer than 11.
-		return !strings.HasPrefix(string(ver), "org.matrix.msc") && string(ver) != ""
-	}
-	return n >= 12
-}
-
-// creatorsOf returns the creators of a room whose version privileges them:
-// the create event's sender and content.additional_creators.
-func creatorsOf(create gomatrixserverlib.PDU) map[string]struct{} {
-	if !privilegedCreators(create.Version()) {
-		return nil
-	}
-	creators := map[string]struct{}{string(create.SenderID()): {}}
-	var content struct {
-		AdditionalCreators []json.RawMessage `json:"additional_creators"`
-	}
-	if err := json.Unmarshal(create.Content(), &content); err == nil {
-		for _, raw := range content.AdditionalCreators {
-			var s string
-			if json.Unmarshal(raw, &s) == nil {
-				creators[s] = struct{}{}
-			}
-		}
-	}
-	return creators
 }
 
 // authChainOf returns the IDs of every event reachable from the event through
@@ -334,7 +318,9 @@ func (r *resolver) ancestors(from []gomatrixserverlib.PDU) map[string]struct{} {
 }
 
 // authDifference returns the events that are in the full auth chain of some
-// state set but not in that of every state set.
+// state set but not in that of every state set. A state set's full auth
+// chain holds its own events too, as Synapse computes it: an event that
+// every state set holds is never part of the difference.
 func (r *resolver) authDifference(stateMaps []map[stateKey]gomatrixserverlib.PDU) map[string]struct{} {
 	counts := make(map[string]int)
 	for _, m := range stateMaps {
@@ -342,7 +328,11 @@ func (r *resolver) authDifference(stateMaps []map[stateKey]gomatrixserverlib.PDU
 		for _, ev := range m {
 			set = append(set, ev)
 		}
-		for id := range r.ancestors(set) {
+		chain := r.ancestors(set)
+		for _, ev := range set {
+			chain[ev.EventID()] = struct{}{}
+		}
+		for id := range chain {
 			counts[id]++
 		}
 	}
@@ -423,13 +413,8 @@ func isPowerEvent(ev gomatrixserverlib.PDU) bool {
 
 // senderPower is the power of the event's sender according to the power
 // levels event among its auth events, for tie-breaking.
-func (r *resolver) senderPower(ev gomatrixserverlib.PDU) float64 {
+func (r *resolver) senderPower(ev gomatrixserverlib.PDU) int64 {
 	sender := string(ev.SenderID())
-	if r.creators != nil {
-		if _, ok := r.creators[sender]; ok {
-			return math.Inf(1)
-		}
-	}
 	var pl, create gomatrixserverlib.PDU
 	for _, id := range ev.AuthEventIDs() {
 		a, ok := r.events[id]
@@ -442,6 +427,11 @@ func (r *resolver) senderPower(ev gomatrixserverlib.PDU) float64 {
 		case isCreate(a):
 			create = a
 		}
+	}
+	if r.privilegedCreators {
+		// Creators above everyone (math.MaxInt64), the others as the power
+		// levels event gives them.
+		return authrules.UserLevel(r.create, pl, sender)
 	}
 	if pl == nil {
 		// Without power levels the creator has 100 and everyone else 0.
@@ -461,9 +451,9 @@ func (r *resolver) senderPower(ev gomatrixserverlib.PDU) float64 {
 		return 0
 	}
 	if v, ok := content.Users[sender]; ok {
-		return float64(parseLevel(v))
+		return parseLevel(v)
 	}
-	return float64(parseLevel(content.UsersDefault))
+	return parseLevel(content.UsersDefault)
 }
 
 // legacyCreator is the room creator before room version 12: content.creator
@@ -505,7 +495,7 @@ func parseLevel(raw json.RawMessage) int64 {
 // powerItem is an event waiting in Kahn's algorithm.
 type powerItem struct {
 	ev    gomatrixserverlib.PDU
-	power float64
+	power int64
 	ts    spec.Timestamp
 	id    string
 }

@@ -232,3 +232,31 @@ func TestBadInput(t *testing.T) {
 		t.Error("no create event: no error")
 	}
 }
+
+// The auth difference: with C citing B citing A, state sets {A, B} and {C}
+// differ by C alone, the state sets' events counting in their own chains.
+func TestAuthDifference(t *testing.T) {
+	r := newTestRoom(t)
+	r.add(evSpec{name: "A", sender: alice, typ: spec.MRoomMember, stateKey: strPtr(alice), content: map[string]any{"membership": "join"}, auth: []string{}})
+	r.add(evSpec{name: "B", sender: alice, typ: "b", stateKey: strPtr(""), content: map[string]any{}, auth: []string{"A"}}, "A")
+	r.add(evSpec{name: "C", sender: alice, typ: "c", stateKey: strPtr(""), content: map[string]any{}, auth: []string{"B"}}, "B")
+	res := &resolver{events: map[string]gomatrixserverlib.PDU{}, chains: map[string]map[string]struct{}{}}
+	for _, ev := range r.all {
+		res.events[ev.EventID()] = ev
+	}
+	toMap := func(names ...string) map[stateKey]gomatrixserverlib.PDU {
+		m := map[stateKey]gomatrixserverlib.PDU{}
+		for _, ev := range r.events(names...) {
+			k, _ := keyOf(ev)
+			m[k] = ev
+		}
+		return m
+	}
+	diff := res.authDifference([]map[stateKey]gomatrixserverlib.PDU{toMap("A", "B"), toMap("C")})
+	if len(diff) != 1 {
+		t.Fatalf("difference has %d events, want C alone", len(diff))
+	}
+	if _, ok := diff[r.id("C")]; !ok {
+		t.Fatal("difference misses C")
+	}
+}
