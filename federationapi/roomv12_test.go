@@ -55,7 +55,10 @@ func TestRoomVersion12BetweenDaemons(t *testing.T) {
 			ir, _ := inv[room].(map[string]any)
 			st, _ := ir["invite_state"].(map[string]any)
 			for _, e := range asList(st["events"]) {
-				if ev, _ := e.(map[string]any); ev["type"] == "m.room.create" && ev["sender"] == alice.UserID {
+				// The create event is shown whole, as it came in the
+				// invite: with its ID, room ID and timestamp.
+				if ev, _ := e.(map[string]any); ev["type"] == "m.room.create" && ev["sender"] == alice.UserID &&
+					ev["room_id"] == room && ev["event_id"] == "$"+room[1:] && ev["origin_server_ts"] != nil {
 					return true
 				}
 			}
@@ -66,11 +69,23 @@ func TestRoomVersion12BetweenDaemons(t *testing.T) {
 		// Alice, a creator, needs no power level entry to raise carol;
 		// listing a creator in the power levels is refused.
 		a.Must(t, "POST", rpath(room, "/invite"), alice.Token, map[string]any{"user_id": carol.UserID})
+		// A local invite shows the create event whole too.
+		r := a.Must(t, "GET", clientV3+"/sync", carol.Token, nil)
+		inv := r["rooms"].(map[string]any)["invite"].(map[string]any)[room].(map[string]any)
+		found := false
+		for _, e := range asList(inv["invite_state"].(map[string]any)["events"]) {
+			if ev, _ := e.(map[string]any); ev["type"] == "m.room.create" {
+				found = ev["origin_server_ts"] != nil && ev["room_id"] == room
+			}
+		}
+		if !found {
+			t.Fatalf("carol's invite state %v", inv)
+		}
 		a.Must(t, "POST", rpath(room, "/join"), carol.Token, map[string]any{})
 		pl["users"] = map[string]any{carol.UserID: 50}
 		a.Must(t, "PUT", rpath(room, "/state/m.room.power_levels/"), alice.Token, pl)
 		pl["users"] = map[string]any{carol.UserID: 50, alice.UserID: 100}
-		if r := a.Do(t, "PUT", rpath(room, "/state/m.room.power_levels/"), alice.Token, pl); r.Status != 403 {
+		if r := a.Do(t, "PUT", rpath(room, "/state/m.room.power_levels/"), alice.Token, pl); r.Status != 400 || r.Errcode() != "M_BAD_JSON" {
 			t.Fatalf("power levels listing a creator: %d %s", r.Status, r.Raw)
 		}
 

@@ -131,7 +131,14 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		create["creator"] = creator
 	}
 	users := map[string]int64{creator: 100}
+	tombstoneLevel := 100
 	if roomversion.Is12(version) {
+		if err := checkAdditionalCreators(req.CreationContent["additional_creators"]); err != nil {
+			return "", err
+		}
+		// Upgrading (a tombstone) is for the creators alone by default,
+		// as Synapse sets up version 12 rooms.
+		tombstoneLevel = 150
 		// Creators are above every power level and are not listed in
 		// the power levels (MSC4289): trusted invitees become creators.
 		users = map[string]int64{}
@@ -154,7 +161,7 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		"invite":         0,
 		"events": map[string]int64{
 			"m.room.name": 50, "m.room.avatar": 50, "m.room.canonical_alias": 50,
-			"m.room.power_levels": 100, "m.room.history_visibility": 100, "m.room.tombstone": 100,
+			"m.room.power_levels": 100, "m.room.history_visibility": 100, "m.room.tombstone": int64(tombstoneLevel),
 			"m.room.server_acl": 100, "m.room.encryption": 100,
 		},
 		"notifications": map[string]int64{"room": 50},
@@ -267,6 +274,24 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		}
 	}
 	return roomID, inviteErr
+}
+
+// checkAdditionalCreators checks creation_content.additional_creators: a
+// list of valid user IDs (400 M_BAD_JSON otherwise).
+func checkAdditionalCreators(raw json.RawMessage) error {
+	if raw == nil {
+		return nil
+	}
+	var ids []string
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return mxerr.BadJSON("creation_content.additional_creators must be a list of user IDs")
+	}
+	for _, u := range ids {
+		if _, err := spec.NewUserID(u, true); err != nil {
+			return mxerr.BadJSON("%q in creation_content.additional_creators is not a valid user ID", u)
+		}
+	}
+	return nil
 }
 
 // additionalCreators is a version 12 create event's additional_creators:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
+	"github.com/tidwall/sjson"
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
@@ -453,6 +454,21 @@ func (s *Service) checkInviteRoomState(ctx context.Context, roomID string, state
 	return nil
 }
 
+// createEntry is the create event among an invite's stripped state
+// entries, nil when there is none.
+func createEntry(state []json.RawMessage) json.RawMessage {
+	for _, raw := range state {
+		var head struct {
+			Type     string  `json:"type"`
+			StateKey *string `json:"state_key"`
+		}
+		if json.Unmarshal(raw, &head) == nil && head.Type == spec.MRoomCreate && head.StateKey != nil && *head.StateKey == "" {
+			return raw
+		}
+	}
+	return nil
+}
+
 // InviteRequest is the body of /v2/invite.
 type InviteRequest struct {
 	RoomVersion     string            `json:"room_version"`
@@ -514,6 +530,13 @@ func (s *Service) ReceiveInvite(ctx context.Context, origin, roomID, eventID str
 	}
 	defer s.lock(roomID)()
 	r := record(signed)
+	if create := createEntry(req.InviteRoomState); create != nil {
+		// Kept whole beside the stripped state, for the invitee's
+		// client to see the room's create event (MSC4311).
+		if js, err := sjson.SetRawBytes(r.JSON, "unsigned.invite_room_create", create); err == nil {
+			r.JSON = js
+		}
+	}
 	in := storage.RoomIngest{RoomID: roomID, Outliers: []storage.RoomEvent{r}, Now: s.opts.Now().UnixMilli()}
 	// In a room this server is in, the invite comes again in /send and is
 	// placed then; otherwise it is all there is of the room.

@@ -36,7 +36,7 @@ type Knocks interface {
 // KnockedRoom is an entry of rooms.knock in /sync.
 type KnockedRoom struct {
 	KnockState struct {
-		Events []gomatrixserverlib.InviteStrippedState `json:"events"`
+		Events []StrippedEvent `json:"events"`
 	} `json:"knock_state"`
 }
 
@@ -218,17 +218,17 @@ func (s *Service) knockState(ctx context.Context, knockID string) (*KnockedRoom,
 		return nil, err
 	}
 	out := &KnockedRoom{}
-	out.KnockState.Events = []gomatrixserverlib.InviteStrippedState{}
+	out.KnockState.Events = []StrippedEvent{}
 	before, err := s.db.RoomStateBefore(ctx, knockID)
 	if errors.Is(err, storage.ErrNotFound) {
 		var unsigned map[string][]gomatrixserverlib.InviteStrippedState
 		_ = json.Unmarshal(p.Unsigned(), &unsigned)
 		for _, st := range unsigned[knockStateKey] {
 			if slices.Contains(strippedTypes, st.Type()) {
-				out.KnockState.Events = append(out.KnockState.Events, st)
+				out.KnockState.Events = append(out.KnockState.Events, StrippedEvent{InviteStrippedState: st})
 			}
 		}
-		out.KnockState.Events = append(out.KnockState.Events, gomatrixserverlib.NewInviteStrippedState(p))
+		out.KnockState.Events = append(out.KnockState.Events, strippedEvent(p))
 		return out, nil
 	} else if err != nil {
 		return nil, err
@@ -241,9 +241,9 @@ func (s *Service) knockState(ctx context.Context, knockID string) (*KnockedRoom,
 		if err != nil {
 			return nil, err
 		}
-		out.KnockState.Events = append(out.KnockState.Events, gomatrixserverlib.NewInviteStrippedState(sp))
+		out.KnockState.Events = append(out.KnockState.Events, strippedEvent(sp))
 	}
-	out.KnockState.Events = append(out.KnockState.Events, gomatrixserverlib.NewInviteStrippedState(p))
+	out.KnockState.Events = append(out.KnockState.Events, strippedEvent(p))
 	return out, nil
 }
 

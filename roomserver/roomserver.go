@@ -355,6 +355,30 @@ func stateMap(evs []gomatrixserverlib.PDU) map[gomatrixserverlib.StateKeyTuple]g
 	return m
 }
 
+// checkCreatorsUnlisted refuses, as a bad request, power levels of a
+// version 12 room that list one of its creators: the auth rules would
+// refuse them (MSC4289), but the mistake is the client's content.
+func (c *chain) checkCreatorsUnlisted(content []byte) error {
+	create, ok := c.state[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomCreate, StateKey: ""}]
+	if !ok {
+		return nil
+	}
+	creators, err := authrules.Creators(create)
+	if err != nil {
+		return nil // the auth rules decide
+	}
+	var pl struct {
+		Users map[string]json.RawMessage `json:"users"`
+	}
+	_ = json.Unmarshal(content, &pl)
+	for _, u := range creators {
+		if _, listed := pl.Users[u]; listed {
+			return mxerr.BadJSON("%s is a creator of the room: creators hold every power and are not listed in its power levels", u)
+		}
+	}
+	return nil
+}
+
 // add builds, signs and authorises the next event. A refusal of the auth
 // rules is 403 M_FORBIDDEN, an event too large 413 M_TOO_LARGE.
 func (c *chain) add(sender, evType string, stateKey *string, content any) (gomatrixserverlib.PDU, error) {
@@ -364,6 +388,11 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 	}
 	if len(raw) > MaxEventBytes {
 		return nil, mxerr.TooLarge("the event is larger than %d bytes", MaxEventBytes)
+	}
+	if evType == spec.MRoomPowerLevels && roomversion.Is12(c.impl.Version()) {
+		if err := c.checkCreatorsUnlisted(raw); err != nil {
+			return nil, err
+		}
 	}
 	prev := c.prev
 	if prev == nil {

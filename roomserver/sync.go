@@ -279,8 +279,51 @@ func (s *Service) summary(ctx context.Context, roomID, userID string) (*RoomSumm
 // InvitedRoom is an entry of rooms.invite.
 type InvitedRoom struct {
 	InviteState struct {
-		Events []gomatrixserverlib.InviteStrippedState `json:"events"`
+		Events []StrippedEvent `json:"events"`
 	} `json:"invite_state"`
+}
+
+// StrippedEvent is an event of an invite's or a knock's stripped state:
+// type, state key, sender and content, but for the room's create event,
+// shown whole (with its ID, room ID and timestamp) so that clients can
+// tell which room and creator an invite is for (MSC4311).
+type StrippedEvent struct {
+	gomatrixserverlib.InviteStrippedState
+	full json.RawMessage
+}
+
+func (e StrippedEvent) MarshalJSON() ([]byte, error) {
+	if e.full != nil {
+		return e.full, nil
+	}
+	return json.Marshal(e.InviteStrippedState)
+}
+
+// strippedEvent is the stripped form of one of a room's state events.
+func strippedEvent(p gomatrixserverlib.PDU) StrippedEvent {
+	e := StrippedEvent{InviteStrippedState: gomatrixserverlib.NewInviteStrippedState(p)}
+	if p.Type() == spec.MRoomCreate && p.StateKeyEquals("") {
+		e.full, _ = json.Marshal(clientEvent(p))
+	}
+	return e
+}
+
+// receivedStripped is an entry of the stripped state another server gave;
+// its create event is shown whole when it came as a valid PDU of the
+// room (createPDU, kept from the invite).
+func receivedStripped(st gomatrixserverlib.InviteStrippedState, createPDU json.RawMessage, version gomatrixserverlib.RoomVersion, roomID string) StrippedEvent {
+	e := StrippedEvent{InviteStrippedState: st}
+	if st.Type() != spec.MRoomCreate || createPDU == nil {
+		return e
+	}
+	impl, err := gomatrixserverlib.GetRoomVersion(version)
+	if err != nil {
+		return e
+	}
+	if p, err := impl.NewEventFromUntrustedJSON(createPDU); err == nil && p.RoomID().String() == roomID && p.Type() == spec.MRoomCreate {
+		e.full, _ = json.Marshal(clientEvent(p))
+	}
+	return e
 }
 
 // LeftRoom is an entry of rooms.leave.
@@ -538,7 +581,7 @@ func (s *Service) inviteState(ctx context.Context, inviteID string) (*InvitedRoo
 		return nil, err
 	}
 	inv := &InvitedRoom{}
-	inv.InviteState.Events = []gomatrixserverlib.InviteStrippedState{}
+	inv.InviteState.Events = []StrippedEvent{}
 	if errors.Is(err, storage.ErrNotFound) {
 		// An invite to a room this server is not in: the stripped state
 		// its sender gave, kept in the event's unsigned part.
@@ -547,15 +590,17 @@ func (s *Service) inviteState(ctx context.Context, inviteID string) (*InvitedRoo
 			return nil, err
 		}
 		var unsigned struct {
-			InviteRoomState []gomatrixserverlib.InviteStrippedState `json:"invite_room_state"`
+			InviteRoomState  []gomatrixserverlib.InviteStrippedState `json:"invite_room_state"`
+			InviteRoomCreate json.RawMessage                         `json:"invite_room_create"`
 		}
 		_ = json.Unmarshal(p.Unsigned(), &unsigned)
 		for _, st := range unsigned.InviteRoomState {
 			if st.Type() != spec.MRoomMember || st.StateKey() == nil || *st.StateKey() != *invite.StateKey {
-				inv.InviteState.Events = append(inv.InviteState.Events, st)
+				inv.InviteState.Events = append(inv.InviteState.Events,
+					receivedStripped(st, unsigned.InviteRoomCreate, p.Version(), invite.RoomID))
 			}
 		}
-		inv.InviteState.Events = append(inv.InviteState.Events, gomatrixserverlib.NewInviteStrippedState(p))
+		inv.InviteState.Events = append(inv.InviteState.Events, strippedEvent(p))
 		return inv, nil
 	}
 	for _, ev := range append(before, invite) {
@@ -566,7 +611,7 @@ func (s *Service) inviteState(ctx context.Context, inviteID string) (*InvitedRoo
 		if err != nil {
 			return nil, err
 		}
-		inv.InviteState.Events = append(inv.InviteState.Events, gomatrixserverlib.NewInviteStrippedState(p))
+		inv.InviteState.Events = append(inv.InviteState.Events, strippedEvent(p))
 	}
 	return inv, nil
 }

@@ -117,7 +117,11 @@ func (s *Service) Upgrade(ctx context.Context, userID, roomID, newVersion string
 	if len(room.Extremities) > 0 {
 		last = room.Extremities[0]
 	}
-	pred, _ := json.Marshal(map[string]string{"room_id": roomID, "event_id": last})
+	predecessor := map[string]string{"room_id": roomID, "event_id": last}
+	if to12 {
+		delete(predecessor, "event_id") // no longer part of the predecessor from version 12 (MSC4291)
+	}
+	pred, _ := json.Marshal(predecessor)
 	req.CreationContent["predecessor"] = pred
 	var roomType string
 	_ = json.Unmarshal(create["type"], &roomType)
