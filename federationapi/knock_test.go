@@ -43,14 +43,28 @@ func memberOn(t *testing.T, n *testutil.Node, viewer *testutil.User, roomID, use
 // neither).
 func TestRemoteKnock(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		for _, version := range []string{"11", "12"} {
+			t.Run("v"+version, func(t *testing.T) { testRemoteKnock(t, db, version) })
+		}
+	})
+}
+
+func testRemoteKnock(t *testing.T, db testutil.Database, version string) {
+	{
 		p := newRoomPair(t, db)
 		carol := p.b.Register(t, "carol", "CAROL1")
 		dave := p.b.Register(t, "dave", "DAVE1")
+		// A version 12 room ID names no server: the first request for
+		// it says which server to ask.
+		via := ""
+		if version == "12" {
+			via = "?server_name=" + url.QueryEscape(p.a.ServerName)
+		}
 		roomID := p.a.Must(t, "POST", "/_matrix/client/v3/createRoom", p.alice.Token, map[string]any{
-			"preset": "private_chat", "name": "ring the bell",
+			"preset": "private_chat", "name": "ring the bell", "room_version": version,
 			"initial_state": []any{map[string]any{"type": "m.room.join_rules", "content": map[string]any{"join_rule": "knock"}}},
 		})["room_id"].(string)
-		public := p.a.Must(t, "POST", "/_matrix/client/v3/createRoom", p.alice.Token, map[string]any{"preset": "public_chat"})["room_id"].(string)
+		public := p.a.Must(t, "POST", "/_matrix/client/v3/createRoom", p.alice.Token, map[string]any{"preset": "public_chat", "room_version": version})["room_id"].(string)
 		aliceSince := syncToken(t, p.a, p.alice)
 
 		// A room whose join rule is not knock refuses, and B keeps nothing.
@@ -106,7 +120,7 @@ func TestRemoteKnock(t *testing.T) {
 		}
 
 		// carol's knock is rejected: the kick reaches B, carol sees a leave.
-		p.b.Must(t, "POST", knockOn(roomID), carol.Token, map[string]any{})
+		p.b.Must(t, "POST", knockOn(roomID)+via, carol.Token, map[string]any{})
 		carolSince := syncToken(t, p.b, carol)
 		p.a.Must(t, "POST", rpath(roomID, "/kick"), p.alice.Token, map[string]any{"user_id": carol.UserID, "reason": "not now"})
 		eventually(t, "carol to see the rejection", func() bool {
@@ -118,7 +132,7 @@ func TestRemoteKnock(t *testing.T) {
 		}
 
 		// dave withdraws his knock: A sees him leave.
-		p.b.Must(t, "POST", knockOn(roomID), dave.Token, map[string]any{})
+		p.b.Must(t, "POST", knockOn(roomID)+via, dave.Token, map[string]any{})
 		eventually(t, "A to see dave's knock", func() bool {
 			return memberOn(t, p.a, p.alice, roomID, dave.UserID)["membership"] == "knock"
 		})
@@ -139,8 +153,7 @@ func TestRemoteKnock(t *testing.T) {
 		eventually(t, "A to see bob joined", func() bool {
 			return equalStrings(joinedMembers(t, p.a, p.alice, roomID), p.alice.UserID, p.bob.UserID)
 		})
-
-	})
+	}
 }
 
 // A restricted room on A: bob of B, in the allowed room, joins through
@@ -149,13 +162,28 @@ func TestRemoteKnock(t *testing.T) {
 // cannot decide for answer as the spec says.
 func TestRemoteRestrictedJoin(t *testing.T) {
 	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		for _, version := range []string{"11", "12"} {
+			t.Run("v"+version, func(t *testing.T) { testRemoteRestrictedJoin(t, db, version) })
+		}
+	})
+}
+
+func testRemoteRestrictedJoin(t *testing.T, db testutil.Database, version string) {
+	{
 		p := newRoomPair(t, db)
 		carol := p.b.Register(t, "carol", "CAROL1")
+		// A version 12 room ID names no server: the first request for
+		// it says which server to ask.
+		via := ""
+		if version == "12" {
+			via = "?server_name=" + url.QueryEscape(p.a.ServerName)
+		}
 		create := func(body map[string]any) string {
+			body["room_version"] = version
 			return p.a.Must(t, "POST", "/_matrix/client/v3/createRoom", p.alice.Token, body)["room_id"].(string)
 		}
 		space := create(map[string]any{"preset": "public_chat"})
-		p.b.Must(t, "POST", joinPath(space), p.bob.Token, map[string]any{})
+		p.b.Must(t, "POST", joinPath(space)+via, p.bob.Token, map[string]any{})
 		restricted := func(rule string, allowed string, extra map[string]any) string {
 			body := map[string]any{"preset": "private_chat", "initial_state": []any{map[string]any{"type": "m.room.join_rules",
 				"content": map[string]any{"join_rule": rule, "allow": []any{map[string]any{"type": "m.room_membership", "room_id": allowed}}}}}}
@@ -166,10 +194,10 @@ func TestRemoteRestrictedJoin(t *testing.T) {
 		}
 		room := restricted("restricted", space, nil)
 
-		if r := p.b.Do(t, "POST", joinPath(room), carol.Token, map[string]any{}); r.Status != 403 || r.Errcode() != "M_FORBIDDEN" {
+		if r := p.b.Do(t, "POST", joinPath(room)+via, carol.Token, map[string]any{}); r.Status != 403 || r.Errcode() != "M_FORBIDDEN" {
 			t.Fatalf("carol's join: %d %s", r.Status, r.Raw)
 		}
-		p.b.Must(t, "POST", joinPath(room), p.bob.Token, map[string]any{})
+		p.b.Must(t, "POST", joinPath(room)+via, p.bob.Token, map[string]any{})
 		m := memberOn(t, p.a, p.alice, room, p.bob.UserID)
 		if m["membership"] != "join" || m["join_authorised_via_users_server"] != p.alice.UserID {
 			t.Fatalf("bob's join on A %v", m)
@@ -182,22 +210,28 @@ func TestRemoteRestrictedJoin(t *testing.T) {
 
 		// knock_restricted: the same join for bob.
 		kr := restricted("knock_restricted", space, nil)
-		p.b.Must(t, "POST", joinPath(kr), p.bob.Token, map[string]any{})
-		if r := p.b.Do(t, "POST", joinPath(kr), carol.Token, map[string]any{}); r.Status != 403 {
+		p.b.Must(t, "POST", joinPath(kr)+via, p.bob.Token, map[string]any{})
+		if r := p.b.Do(t, "POST", joinPath(kr)+via, carol.Token, map[string]any{}); r.Status != 403 {
 			t.Fatalf("carol's join of a knock_restricted room: %d %s", r.Status, r.Raw)
 		}
 
-		// No user of A may invite: A cannot grant the join.
+		// No user of A may invite: A cannot grant the join. In version
+		// 12 the creator, above every level, always may.
 		closed := restricted("restricted", space, map[string]any{"power_level_content_override": map[string]any{"invite": 101}})
-		if r := p.b.Do(t, "POST", joinPath(closed), p.bob.Token, map[string]any{}); r.Status != 400 || r.Errcode() != "M_UNABLE_TO_GRANT_JOIN" {
+		if version == "12" {
+			p.b.Must(t, "POST", joinPath(closed)+via, p.bob.Token, map[string]any{})
+			if m := memberOn(t, p.a, p.alice, closed, p.bob.UserID); m["join_authorised_via_users_server"] != p.alice.UserID {
+				t.Fatalf("bob's join authorised by the creator %v", m)
+			}
+		} else if r := p.b.Do(t, "POST", joinPath(closed)+via, p.bob.Token, map[string]any{}); r.Status != 400 || r.Errcode() != "M_UNABLE_TO_GRANT_JOIN" {
 			t.Fatalf("a join nobody may grant: %d %s", r.Status, r.Raw)
 		}
 		// An allowed room A is not in: A cannot tell.
 		elsewhere := restricted("restricted", "!elsewhere:other.example", nil)
-		if r := p.b.Do(t, "POST", joinPath(elsewhere), p.bob.Token, map[string]any{}); r.Status != 400 || r.Errcode() != "M_UNABLE_TO_AUTHORISE_JOIN" {
+		if r := p.b.Do(t, "POST", joinPath(elsewhere)+via, p.bob.Token, map[string]any{}); r.Status != 400 || r.Errcode() != "M_UNABLE_TO_AUTHORISE_JOIN" {
 			t.Fatalf("a join A cannot check: %d %s", r.Status, r.Raw)
 		}
-	})
+	}
 }
 
 // make_knock and send_knock as another server sends them (a server made

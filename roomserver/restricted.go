@@ -147,44 +147,6 @@ func (s *Service) authoriseRestrictedJoin(ctx context.Context, room storage.Room
 	return candidates[0], nil
 }
 
-// restrictedQuerier answers gomatrixserverlib's make_join check of a
-// restricted room with the decision authoriseRestrictedJoin made: the
-// user is in an allowed room and via, a local user in the room with the
-// power to invite, authorises the join.
-type restrictedQuerier struct {
-	querier
-	via gomatrixserverlib.PDU
-}
-
-func (q restrictedQuerier) RestrictedRoomJoinInfo(ctx context.Context, roomID spec.RoomID, senderID spec.SenderID, local spec.ServerName) (*gomatrixserverlib.RestrictedRoomJoinInfo, error) {
-	if q.via == nil {
-		return q.querier.RestrictedRoomJoinInfo(ctx, roomID, senderID, local)
-	}
-	return &gomatrixserverlib.RestrictedRoomJoinInfo{LocalServerInRoom: true, UserJoinedToRoom: true,
-		JoinedUsers: []gomatrixserverlib.PDU{q.via}}, nil
-}
-
-// restrictedJoinQuerier is the room querier of a /make_join: for a
-// restricted room, one that names the authorising user chosen here.
-func (s *Service) restrictedJoinQuerier(ctx context.Context, room storage.Room, userID string) (gomatrixserverlib.RestrictedRoomJoinQuerier, error) {
-	via, err := s.authoriseRestrictedJoin(ctx, room, userID)
-	if err != nil || via == "" {
-		return querier{s}, err
-	}
-	evs, err := s.db.RoomStateEvents(ctx, room.RoomID, []storage.StateKey{{Type: spec.MRoomMember, StateKey: via}})
-	if err != nil {
-		return nil, err
-	}
-	if len(evs) != 1 {
-		return nil, errUnableToGrantJoin()
-	}
-	p, err := pdu(evs[0])
-	if err != nil {
-		return nil, err
-	}
-	return restrictedQuerier{querier: querier{s}, via: p}, nil
-}
-
 // authoriseLocalJoin adds join_authorised_via_users_server to the
 // content of a local user's join of a restricted room this server is
 // in. Unable to check the allowed rooms, this server refuses (403), as
