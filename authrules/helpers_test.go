@@ -35,6 +35,7 @@ type v12Event struct {
 	eventID string       // when set, replaces the event ID
 	roomID  *spec.RoomID // when set, replaces the room ID
 	json    []byte       // when set, replaces the JSON
+	content []byte       // when set, replaces the content
 }
 
 func (e *v12Event) Version() gomatrixserverlib.RoomVersion { return RoomVersion12 }
@@ -51,6 +52,21 @@ func (e *v12Event) RoomID() spec.RoomID {
 		return *e.roomID
 	}
 	return e.PDU.RoomID()
+}
+
+func (e *v12Event) Content() []byte {
+	if e.content != nil {
+		return e.content
+	}
+	return e.PDU.Content()
+}
+
+// withContent gives an event a content gomatrixserverlib would not build,
+// as another server may send it (e.g. floats, which canonical JSON forbids).
+func withContent(ev gomatrixserverlib.PDU, content string) gomatrixserverlib.PDU {
+	e := *ev.(*v12Event)
+	e.content = []byte(content)
+	return &e
 }
 
 func (e *v12Event) JSON() []byte {
