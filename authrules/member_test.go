@@ -61,6 +61,9 @@ func TestMemberBasics(t *testing.T) {
 			return r.event(stranger, spec.MRoomMember, ptr(stranger), map[string]any{"membership": 1})
 		}, rule: "5.1"},
 		{name: "unknown membership", event: member(stranger, stranger, "wander"), rule: "5.8"},
+		{name: "no state key", event: func(r *room) gomatrixserverlib.PDU {
+			return r.event(stranger, spec.MRoomMember, nil, map[string]any{"membership": spec.Join})
+		}, rule: "5.1"},
 	})
 }
 
@@ -202,6 +205,7 @@ func TestBan(t *testing.T) {
 		{name: "of someone never in the room", event: member(mod, stranger, spec.Ban)},
 		{name: "by someone not joined", setup: seq([3]string{mod, mod, spec.Leave}), event: member(mod, user, spec.Ban), rule: "5.6.1"},
 		{name: "below the ban level", event: member(user, stranger, spec.Ban), rule: "5.6.3"},
+		{name: "below the ban level, above the target", setup: setPL(map[string]any{"users": map[string]int{admin: 100, mod: 50, user: 10}}), event: member(user, stranger, spec.Ban), rule: "5.6.3"},
 		{name: "of an equal", setup: setPL(map[string]any{"users": map[string]int{admin: 100, mod: 50, user: 50}}), event: member(mod, user, spec.Ban), rule: "5.6.3"},
 		{name: "creator bans an admin", event: member(creator, admin, spec.Ban)},
 		{name: "admin bans the creator", event: member(admin, creator, spec.Ban), rule: "5.6.3"},
