@@ -14,7 +14,8 @@ func (a *API) upgradeRoom(r *http.Request, c matrixid.Caller) (any, error) {
 		return nil, err
 	}
 	var req struct {
-		NewVersion *string `json:"new_version"`
+		NewVersion         *string  `json:"new_version"`
+		AdditionalCreators []string `json:"additional_creators"` // room version 12 (MSC4289)
 	}
 	if err := a.decode(r, &req); err != nil {
 		return nil, err
@@ -22,7 +23,7 @@ func (a *API) upgradeRoom(r *http.Request, c matrixid.Caller) (any, error) {
 	if req.NewVersion == nil {
 		return nil, mxerr.BadJSON("new_version is required")
 	}
-	id, err := a.opts.Rooms.Upgrade(r.Context(), c.UserID, roomID, *req.NewVersion)
+	id, err := a.opts.Rooms.Upgrade(r.Context(), c.UserID, roomID, *req.NewVersion, req.AdditionalCreators)
 	if err != nil {
 		return nil, err
 	}

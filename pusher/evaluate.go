@@ -3,6 +3,7 @@ package pusher
 import (
 	"context"
 	"encoding/json"
+	"math"
 
 	"github.com/keyserver/keyserver/storage"
 )
@@ -91,9 +92,36 @@ type powerLevels struct {
 	Users         map[string]json.Number `json:"users"`
 	UsersDefault  json.Number            `json:"users_default"`
 	Notifications map[string]json.Number `json:"notifications"`
+	// creators of a room of version 12 are above every level, without
+	// being listed in users.
+	creators map[string]bool
+}
+
+// roomCreators reads the creators of a version 12 room from its create
+// event: its sender and content.additional_creators (none in other
+// versions).
+func roomCreators(create []byte) map[string]bool {
+	var ev struct {
+		Sender  string `json:"sender"`
+		Content struct {
+			RoomVersion        string   `json:"room_version"`
+			AdditionalCreators []string `json:"additional_creators"`
+		} `json:"content"`
+	}
+	if json.Unmarshal(create, &ev) != nil || ev.Content.RoomVersion != "12" {
+		return nil
+	}
+	out := map[string]bool{ev.Sender: true}
+	for _, u := range ev.Content.AdditionalCreators {
+		out[u] = true
+	}
+	return out
 }
 
 func (p powerLevels) of(userID string) int {
+	if p.creators[userID] {
+		return math.MaxInt
+	}
 	if n, ok := p.Users[userID]; ok {
 		v, _ := n.Int64()
 		return int(v)
@@ -151,6 +179,7 @@ func (s *Service) evaluate(ctx context.Context, evs []storage.PushEvent) batch {
 				_ = json.Unmarshal(st.PowerLevels, &ev)
 				room.levels = ev.Content
 			}
+			room.levels.creators = roomCreators(st.Create)
 			rooms[e.RoomID] = room
 		}
 		targets := make([]string, 0, len(room.members)+1)

@@ -3,6 +3,7 @@ package pusher_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -466,5 +467,33 @@ func TestPushRemoteInvite(t *testing.T) {
 			}
 			return false
 		})
+	})
+}
+
+// In a room of version 12 the creator, listed in no power levels, holds
+// the power to notify the whole room with @room; a member at the
+// default level does not. In a version 11 room the same creator, listed
+// at 100, does too, and a member at 0 does not.
+func TestRoomNotificationByCreator(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := startNode(t, db)
+		alice := n.Register(t, "alice", "")
+		bob := n.Register(t, "bob", "")
+		carol := n.Register(t, "carol", "")
+		for i, version := range []string{"12", "11"} {
+			roomID := n.Must(t, "POST", v3+"/createRoom", alice.Token, map[string]any{"preset": "public_chat", "room_version": version})["room_id"].(string)
+			for _, u := range []*testutil.User{bob, carol} {
+				n.Must(t, "POST", v3+"/join/"+url.PathEscape(roomID), u.Token, map[string]any{})
+			}
+			_, _, since := syncCounts(t, n, bob, "", roomID)
+			send(t, n, carol, roomID, fmt.Sprintf("c%d", i), "@room from carol")
+			if notes, highlights, _ := syncCounts(t, n, bob, since, roomID); notes != 1 || highlights != 0 {
+				t.Fatalf("v%s: carol's @room: %d/%d, want 1/0", version, notes, highlights)
+			}
+			send(t, n, alice, roomID, fmt.Sprintf("a%d", i), "@room from alice")
+			if notes, highlights, _ := syncCounts(t, n, bob, since, roomID); notes != 2 || highlights != 1 {
+				t.Fatalf("v%s: the creator's @room: %d/%d, want 2/1", version, notes, highlights)
+			}
+		}
 	})
 }

@@ -245,7 +245,7 @@ func (s *Service) receiveHistory(ctx context.Context, origin string, ev gomatrix
 	}
 	ae, err := authEventsFrom(before.events)
 	if err == nil {
-		err = gomatrixserverlib.Allowed(ev, ae, userIDForSender)
+		err = allowed(ev, ae)
 	}
 	if err != nil {
 		s.storeRejected(ctx, ev)

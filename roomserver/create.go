@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"math/big"
+	"slices"
 	"strings"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -110,7 +112,12 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		}
 	}
 
-	roomID := "!" + randomString(18) + ":" + s.opts.ServerName
+	// A version 12 room's ID is the hash of its create event, known once
+	// that is built.
+	roomID := ""
+	if !roomversion.Is12(version) {
+		roomID = "!" + randomString(18) + ":" + s.opts.ServerName
+	}
 	c := s.newChain(impl, roomID, nil, nil, 0)
 
 	create := map[string]any{}
@@ -118,13 +125,26 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		create[k] = v
 	}
 	create["room_version"] = string(version)
-	if version == gomatrixserverlib.RoomVersionV11 {
+	if version == gomatrixserverlib.RoomVersionV11 || roomversion.Is12(version) {
 		delete(create, "creator")
 	} else {
 		create["creator"] = creator
 	}
+	users := map[string]int64{creator: 100}
+	if roomversion.Is12(version) {
+		// Creators are above every power level and are not listed in
+		// the power levels (MSC4289): trusted invitees become creators.
+		users = map[string]int64{}
+		if preset == "trusted_private_chat" && len(req.Invite) > 0 {
+			extra, err := additionalCreators(req.CreationContent["additional_creators"], req.Invite, creator)
+			if err != nil {
+				return "", err
+			}
+			create["additional_creators"] = extra
+		}
+	}
 	pl := map[string]any{
-		"users":          map[string]int64{creator: 100},
+		"users":          users,
 		"users_default":  0,
 		"events_default": 0,
 		"state_default":  50,
@@ -139,8 +159,7 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		},
 		"notifications": map[string]int64{"room": 50},
 	}
-	if preset == "trusted_private_chat" {
-		users := pl["users"].(map[string]int64)
+	if preset == "trusted_private_chat" && !roomversion.Is12(version) {
 		for _, u := range req.Invite {
 			users[u] = 100
 		}
@@ -212,12 +231,17 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		}{spec.MRoomMember, u, content})
 	}
 	for _, st := range steps {
-		if _, err := c.add(creator, st.evType, ptr(st.stateKey), st.content); err != nil {
+		ev, err := c.add(creator, st.evType, ptr(st.stateKey), st.content)
+		if err != nil {
 			var mx *mxerr.Error
 			if errors.As(err, &mx) && mx.Code == "M_FORBIDDEN" {
 				return "", mxerr.New(400, "M_INVALID_ROOM_STATE", "the initial state is not allowed: %s", mx.Message)
 			}
 			return "", err
+		}
+		if roomID == "" {
+			roomID = ev.RoomID().String()
+			c.roomID = roomID
 		}
 	}
 	res, err := s.db.WriteRoomEvents(ctx, storage.RoomWrite{
@@ -243,6 +267,24 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		}
 	}
 	return roomID, inviteErr
+}
+
+// additionalCreators is a version 12 create event's additional_creators:
+// those of creation_content, then the invitees of a trusted private chat,
+// once each and without the creator.
+func additionalCreators(given json.RawMessage, invitees []string, creator string) ([]string, error) {
+	var out []string
+	if len(given) > 0 {
+		if err := json.Unmarshal(given, &out); err != nil {
+			return nil, mxerr.BadJSON("creation_content.additional_creators must be a list of user IDs")
+		}
+	}
+	for _, u := range invitees {
+		if u != creator && !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out, nil
 }
 
 // topicContent is an m.room.topic's content: the plain topic, and the

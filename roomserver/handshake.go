@@ -15,6 +15,7 @@ import (
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
 	"github.com/keyserver/keyserver/internal/remotefail"
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -51,6 +52,17 @@ func (c joinClient) MakeJoin(ctx context.Context, _, dest spec.ServerName, roomI
 		return nil, spec.IncompatibleRoomVersion(v)
 	}
 	return res, nil
+}
+
+// madeJoin hands gomatrixserverlib.PerformJoin the template already
+// asked for (to learn the room's version) instead of asking again.
+type madeJoin struct {
+	joinClient
+	tmpl gomatrixserverlib.MakeJoinResponse
+}
+
+func (c madeJoin) MakeJoin(context.Context, spec.ServerName, spec.ServerName, string, string) (gomatrixserverlib.MakeJoinResponse, error) {
+	return c.tmpl, nil
 }
 
 // fromSpec turns gomatrixserverlib's Matrix errors into ours.
@@ -139,7 +151,7 @@ func (q querier) IsKnownRoom(ctx context.Context, roomID spec.RoomID) (bool, err
 }
 
 func (q querier) GetAuthEvents(ctx context.Context, event gomatrixserverlib.PDU) (gomatrixserverlib.AuthEventProvider, error) {
-	stored, err := q.s.db.RoomEventsByID(ctx, event.AuthEventIDs())
+	stored, err := q.s.db.RoomEventsByID(ctx, authEventIDs(event))
 	if err != nil {
 		return nil, err
 	}
@@ -186,18 +198,12 @@ func (s *Service) buildTemplate(ctx context.Context, room storage.Room, proto *g
 	if err != nil {
 		return nil, nil, err
 	}
-	ae, err := authEventsFrom(state)
-	if err != nil {
-		return nil, nil, err
-	}
 	proto.PrevEvents = room.Extremities
 	proto.Depth = room.Depth + 1
-	eb := impl.NewEventBuilderFromProtoEvent(proto)
-	if err := eb.AddAuthEvents(ae); err != nil {
+	if proto.AuthEvents, err = selectAuthEvents(impl.Version(), proto, stateMap(state)); err != nil {
 		return nil, nil, spec.Forbidden(err.Error())
 	}
-	proto.AuthEvents = eb.AuthEvents
-	ev, err := eb.Build(s.opts.Now(), spec.ServerName(s.opts.ServerName), s.opts.KeyID, s.opts.PrivateKey)
+	ev, err := roomversion.Build(impl.Version(), proto, s.opts.Now(), spec.ServerName(s.opts.ServerName), s.opts.KeyID, s.opts.PrivateKey)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -237,11 +243,11 @@ func (s *Service) templateFor(ctx context.Context, roomID, userID string) (stora
 	if err != nil {
 		return room, nil, nil, mxerr.InvalidParam("%q is not a user ID", userID)
 	}
-	rid, err := spec.NewRoomID(roomID)
+	rid, err := roomversion.ParseRoomID(roomID)
 	if err != nil {
 		return room, nil, nil, mxerr.InvalidParam("%q is not a room ID", roomID)
 	}
-	return room, user, rid, nil
+	return room, user, &rid, nil
 }
 
 // MakeJoin answers /make_join from origin for one of its users.
@@ -294,7 +300,7 @@ func (s *Service) SendJoin(ctx context.Context, origin, roomID, eventID string, 
 	if err != nil {
 		return SendJoinAnswer{}, err
 	}
-	rid, err := spec.NewRoomID(roomID)
+	rid, err := roomversion.ParseRoomID(roomID)
 	if err != nil {
 		return SendJoinAnswer{}, mxerr.InvalidParam("%q is not a room ID", roomID)
 	}
@@ -302,7 +308,7 @@ func (s *Service) SendJoin(ctx context.Context, origin, roomID, eventID string, 
 		return SendJoinAnswer{}, err
 	}
 	res, err := gomatrixserverlib.HandleSendJoin(gomatrixserverlib.HandleSendJoinInput{
-		Context: ctx, RoomID: *rid, EventID: eventID, JoinEvent: spec.RawJSON(raw),
+		Context: ctx, RoomID: rid, EventID: eventID, JoinEvent: spec.RawJSON(raw),
 		RoomVersion: gomatrixserverlib.RoomVersion(room.RoomVersion), RequestOrigin: spec.ServerName(origin),
 		LocalServerName: spec.ServerName(s.opts.ServerName), KeyID: s.opts.KeyID, PrivateKey: s.opts.PrivateKey,
 		Verifier: s.opts.KeyRing, MembershipQuerier: querier{s}, UserIDQuerier: userIDForSender,
@@ -418,6 +424,35 @@ func (s *Service) SendLeave(ctx context.Context, origin, roomID, eventID string,
 	return s.receiveResident(ctx, origin, ev)
 }
 
+// checkInviteRoomState checks the invite_room_state of a version 12
+// room (MSC4311): every entry a PDU of the room signed by its sender's
+// server, the create event among them, whose hash is the room ID. An
+// invite that does not show what room it is for is refused with 400
+// M_MISSING_PARAM.
+func (s *Service) checkInviteRoomState(ctx context.Context, roomID string, state []json.RawMessage) error {
+	impl := gomatrixserverlib.MustGetRoomVersion(roomversion.V12)
+	create := false
+	for _, raw := range state {
+		ev, err := impl.NewEventFromUntrustedJSON(raw)
+		if err != nil {
+			return mxerr.New(http.StatusBadRequest, "M_MISSING_PARAM", "invite_room_state holds an entry that is not a PDU of the room: %v", err)
+		}
+		if ev.RoomID().String() != roomID {
+			return mxerr.New(http.StatusBadRequest, "M_MISSING_PARAM", "invite_room_state holds an event of another room")
+		}
+		if err := gomatrixserverlib.VerifyEventSignatures(ctx, ev, s.opts.KeyRing, userIDForSender); err != nil {
+			return mxerr.New(http.StatusBadRequest, "M_MISSING_PARAM", "invite_room_state holds an event without a valid signature")
+		}
+		if ev.Type() == spec.MRoomCreate && ev.StateKeyEquals("") {
+			create = true // its room ID is its hash: checked above
+		}
+	}
+	if !create {
+		return mxerr.New(http.StatusBadRequest, "M_MISSING_PARAM", "invite_room_state lacks the room's create event")
+	}
+	return nil
+}
+
 // InviteRequest is the body of /v2/invite.
 type InviteRequest struct {
 	RoomVersion     string            `json:"room_version"`
@@ -456,6 +491,11 @@ func (s *Service) ReceiveInvite(ctx context.Context, origin, roomID, eventID str
 	invitee, err := spec.NewUserID(*ev.StateKey(), true)
 	if err != nil {
 		return nil, mxerr.InvalidParam("the invited user's ID is invalid")
+	}
+	if roomversion.Is12(version) {
+		if err := s.checkInviteRoomState(ctx, roomID, req.InviteRoomState); err != nil {
+			return nil, err
+		}
 	}
 	var stripped []gomatrixserverlib.InviteStrippedState
 	for _, raw := range req.InviteRoomState {
@@ -504,7 +544,7 @@ func (s *Service) joinRemote(ctx context.Context, userID, roomID string, servers
 	if err != nil {
 		return mxerr.InvalidParam("%q is not a user ID", userID)
 	}
-	rid, err := spec.NewRoomID(roomID)
+	rid, err := roomversion.ParseRoomID(roomID)
 	if err != nil {
 		return mxerr.InvalidParam("%q is not a room ID", roomID)
 	}
@@ -515,8 +555,26 @@ func (s *Service) joinRemote(ctx context.Context, userID, roomID string, servers
 			continue
 		}
 		tried++
-		res, ferr := gomatrixserverlib.PerformJoin(ctx, joinClient{s.opts.Handshakes}, gomatrixserverlib.PerformJoinInput{
-			UserID: user, RoomID: rid, ServerName: spec.ServerName(server), Content: content,
+		tmpl, err := joinClient{s.opts.Handshakes}.MakeJoin(ctx, spec.ServerName(s.opts.ServerName), spec.ServerName(server), roomID, userID)
+		if err != nil {
+			lastErr = err
+			s.opts.Logger.WithField("server", server).WithField("room_id", roomID).WithError(err).Info("joining through a server failed")
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				break
+			}
+			continue
+		}
+		if roomversion.Is12(tmpl.GetRoomVersion()) {
+			res, err := s.performJoin12(ctx, server, tmpl, userID, roomID, content)
+			if err != nil {
+				lastErr = err
+				s.opts.Logger.WithField("server", server).WithField("room_id", roomID).WithError(err).Info("joining through a server failed")
+				continue
+			}
+			return s.storeJoin(ctx, res)
+		}
+		res, ferr := gomatrixserverlib.PerformJoin(ctx, madeJoin{joinClient{s.opts.Handshakes}, tmpl}, gomatrixserverlib.PerformJoinInput{
+			UserID: user, RoomID: &rid, ServerName: spec.ServerName(server), Content: content,
 			PrivateKey: s.opts.PrivateKey, KeyID: s.opts.KeyID, KeyRing: s.opts.KeyRing,
 			EventProvider: func(_ gomatrixserverlib.RoomVersion, ids []string) ([]gomatrixserverlib.PDU, error) {
 				stored, err := s.db.RoomEventsByID(ctx, ids)
@@ -654,21 +712,9 @@ func (s *Service) inviteRemote(ctx context.Context, ev gomatrixserverlib.PDU) (g
 	if s.opts.Handshakes == nil {
 		return nil, mxerr.Forbidden("this server does not federate")
 	}
-	stored, err := s.db.RoomStateEvents(ctx, ev.RoomID().String(), strippedKeys())
+	stripped, err := s.strippedState(ctx, ev.RoomID().String())
 	if err != nil {
 		return nil, err
-	}
-	var stripped []json.RawMessage
-	for _, st := range stored {
-		p, err := pdu(st)
-		if err != nil {
-			return nil, err
-		}
-		raw, err := json.Marshal(gomatrixserverlib.NewInviteStrippedState(p))
-		if err != nil {
-			return nil, err
-		}
-		stripped = append(stripped, raw)
 	}
 	target := matrixid.Server(*ev.StateKey())
 	raw, err := s.opts.Handshakes.SendInvite(ctx, target, ev, stripped)
@@ -735,7 +781,7 @@ func (s *Service) leaveThrough(ctx context.Context, server, userID, roomID strin
 		proto.StateKey == nil || *proto.StateKey != userID || proto.SenderID != userID || proto.RoomID != roomID {
 		return mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "the room's server answered with a wrong template")
 	}
-	ev, err := impl.NewEventBuilderFromProtoEvent(&proto).Build(s.opts.Now(), spec.ServerName(s.opts.ServerName), s.opts.KeyID, s.opts.PrivateKey)
+	ev, err := roomversion.Build(impl.Version(), &proto, s.opts.Now(), spec.ServerName(s.opts.ServerName), s.opts.KeyID, s.opts.PrivateKey)
 	if err != nil {
 		return mxerr.New(http.StatusBadGateway, "M_UNKNOWN", "the room's template cannot be built: %v", err)
 	}

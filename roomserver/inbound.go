@@ -10,7 +10,9 @@ import (
 	"sort"
 
 	"github.com/matrix-org/gomatrixserverlib"
+	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -225,7 +227,7 @@ func (s *Service) storeRejected(ctx context.Context, ev gomatrixserverlib.PDU) {
 // checkAuthEvents checks an event against its own auth events, fetching
 // those missing from origin.
 func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatrixserverlib.PDU, budget *int) error {
-	ids := ev.AuthEventIDs()
+	ids := authEventIDs(ev)
 	stored, err := s.eventsByID(ctx, origin, ev.Version(), ev.RoomID().String(), ids, budget)
 	if err != nil {
 		return err
@@ -246,10 +248,24 @@ func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatri
 			return errRejected{err.Error()}
 		}
 	}
-	if err := gomatrixserverlib.Allowed(ev, &ae, userIDForSender); err != nil {
+	if err := allowed(ev, &ae); err != nil {
 		return errRejected{"not allowed by its auth events: " + err.Error()}
 	}
 	return nil
+}
+
+// authEventIDs lists the events an event is checked against: its
+// auth_events, and in version 12 the room's create event, which they do
+// not list (the room ID is its hash).
+func authEventIDs(ev gomatrixserverlib.PDU) []string {
+	ids := ev.AuthEventIDs()
+	if roomversion.Is12(ev.Version()) && ev.Type() != spec.MRoomCreate {
+		create := roomversion.CreateEventID(ev.RoomID().String())
+		if !slices.Contains(ids, create) {
+			ids = append(slices.Clone(ids), create)
+		}
+	}
+	return ids
 }
 
 // eventsByID returns the stored events ids, fetching from origin and
@@ -343,7 +359,7 @@ func (s *Service) place(ctx context.Context, origin string, ev gomatrixserverlib
 	if err != nil {
 		return errRejected{err.Error()}
 	}
-	if err := gomatrixserverlib.Allowed(ev, ae, userIDForSender); err != nil {
+	if err := allowed(ev, ae); err != nil {
 		return errRejected{"not allowed by the state before it: " + err.Error()}
 	}
 	room, err := s.db.Room(ctx, roomID)
@@ -362,7 +378,7 @@ func (s *Service) place(ctx context.Context, origin string, ev gomatrixserverlib
 	}
 	cae, err := authEventsFrom(currentPDUs)
 	if err == nil {
-		err = gomatrixserverlib.Allowed(ev, cae, userIDForSender)
+		err = allowed(ev, cae)
 	}
 	in := storage.RoomIngest{RoomID: roomID, Event: &r, StateAfter: before.after, StateBefore: before.ids,
 		Extremities: room.Extremities, Now: s.opts.Now().UnixMilli()}
@@ -767,7 +783,11 @@ func (s *Service) resolve(ctx context.Context, version gomatrixserverlib.RoomVer
 	if err != nil {
 		return nil, err
 	}
-	return gomatrixserverlib.ResolveConflicts(version, all, authChain, userIDForSender, func(id string) bool { return rejected[id] })
+	isRejected := func(id string) bool { return rejected[id] }
+	if roomversion.Is12(version) {
+		return resolveV21(states, authChain, isRejected)
+	}
+	return gomatrixserverlib.ResolveConflicts(version, all, authChain, userIDForSender, isRejected)
 }
 
 // authChain returns the stored auth chain of events, and which of its
@@ -777,7 +797,7 @@ func (s *Service) authChain(ctx context.Context, evs []gomatrixserverlib.PDU) ([
 	seen := map[string]bool{}
 	var next []string
 	for _, e := range evs {
-		for _, id := range e.AuthEventIDs() {
+		for _, id := range authEventIDs(e) {
 			if !seen[id] {
 				seen[id] = true
 				next = append(next, id)
@@ -800,7 +820,7 @@ func (s *Service) authChain(ctx context.Context, evs []gomatrixserverlib.PDU) ([
 				rejected[st.EventID] = true
 			}
 			out = append(out, p)
-			for _, id := range p.AuthEventIDs() {
+			for _, id := range authEventIDs(p) {
 				if !seen[id] {
 					seen[id] = true
 					next = append(next, id)

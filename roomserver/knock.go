@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -147,7 +148,7 @@ func (s *Service) knockThrough(ctx context.Context, knocks Knocks, server, userI
 	if err := proto.SetContent(content); err != nil {
 		return nil, nil, err
 	}
-	ev, err := impl.NewEventBuilderFromProtoEvent(&proto).Build(s.opts.Now(), spec.ServerName(s.opts.ServerName), s.opts.KeyID, s.opts.PrivateKey)
+	ev, err := roomversion.Build(impl.Version(), &proto, s.opts.Now(), spec.ServerName(s.opts.ServerName), s.opts.KeyID, s.opts.PrivateKey)
 	if err != nil {
 		return nil, nil, errors.New("the room's template cannot be built: " + err.Error())
 	}
@@ -247,7 +248,9 @@ func (s *Service) knockState(ctx context.Context, knockID string) (*KnockedRoom,
 }
 
 // strippedState is the stripped state of a room this server is in, as
-// an invite or a knock shows it.
+// an invite or a knock carries it over federation: the events as full
+// PDUs, the create event among them, so that the receiving server can
+// check them against the room (MSC4311).
 func (s *Service) strippedState(ctx context.Context, roomID string) ([]json.RawMessage, error) {
 	stored, err := s.db.RoomStateEvents(ctx, roomID, strippedKeys())
 	if err != nil {
@@ -255,15 +258,7 @@ func (s *Service) strippedState(ctx context.Context, roomID string) ([]json.RawM
 	}
 	out := []json.RawMessage{}
 	for _, st := range stored {
-		p, err := pdu(st)
-		if err != nil {
-			return nil, err
-		}
-		raw, err := json.Marshal(gomatrixserverlib.NewInviteStrippedState(p))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, raw)
+		out = append(out, json.RawMessage(st.JSON))
 	}
 	return out, nil
 }
@@ -301,7 +296,7 @@ func (s *Service) MakeKnock(ctx context.Context, origin, roomID, userID string, 
 	if err != nil {
 		return Template{}, err
 	}
-	if err := gomatrixserverlib.Allowed(ev, provider, userIDForSender); err != nil {
+	if err := allowed(ev, provider); err != nil {
 		return Template{}, mxerr.Forbidden("%v", err)
 	}
 	return Template{RoomVersion: room.RoomVersion, Event: proto}, nil

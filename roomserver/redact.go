@@ -3,12 +3,15 @@ package roomserver
 import (
 	"context"
 	"encoding/json"
+	"math"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -97,7 +100,32 @@ func (s *Service) powerLevels(ctx context.Context, roomID string) (*gomatrixserv
 	if err != nil {
 		return nil, nil
 	}
+	pl = withCreators(pl, create)
 	return &pl, nil
+}
+
+// withCreators gives the creators of a version 12 room their power
+// (above any level: math.MaxInt64) in a copy of pl; other versions'
+// levels are returned as they are. These levels serve the decisions the
+// server makes outside the auth rules (applying a redaction, upgrading);
+// they are never written back into an event.
+func withCreators(pl gomatrixserverlib.PowerLevelContent, create gomatrixserverlib.PDU) gomatrixserverlib.PowerLevelContent {
+	if create == nil || !roomversion.Is12(create.Version()) {
+		return pl
+	}
+	creators, err := authrules.Creators(create)
+	if err != nil {
+		return pl
+	}
+	users := make(map[string]int64, len(pl.Users)+len(creators))
+	for u, l := range pl.Users {
+		users[u] = l
+	}
+	for _, c := range creators {
+		users[c] = math.MaxInt64
+	}
+	pl.Users = users
+	return pl
 }
 
 // CheckDirectoryChange allows a user to list a room in the public room

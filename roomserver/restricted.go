@@ -1,6 +1,7 @@
 package roomserver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -48,14 +49,18 @@ func (s *Service) authoriseRestrictedJoin(ctx context.Context, room storage.Room
 		return "", nil
 	}
 	state, err := s.db.RoomStateEvents(ctx, room.RoomID, []storage.StateKey{{Type: spec.MRoomJoinRules}, {Type: spec.MRoomPowerLevels},
-		{Type: spec.MRoomMember, StateKey: userID}})
+		{Type: spec.MRoomMember, StateKey: userID}, {Type: spec.MRoomCreate}})
 	if err != nil {
 		return "", err
 	}
 	var rules gomatrixserverlib.JoinRuleContent
-	var plEvent gomatrixserverlib.PDU
+	var plEvent, createEvent gomatrixserverlib.PDU
 	for _, ev := range state {
 		switch ev.Type {
+		case spec.MRoomCreate:
+			if createEvent, err = pdu(ev); err != nil {
+				return "", err
+			}
 		case spec.MRoomJoinRules:
 			p, err := pdu(ev)
 			if err != nil {
@@ -114,6 +119,7 @@ func (s *Service) authoriseRestrictedJoin(ctx context.Context, room storage.Room
 	} else if room.Creator != "" {
 		levels.Users = map[string]int64{room.Creator: 100}
 	}
+	levels = withCreators(levels, createEvent)
 	current, err := s.db.RoomCurrentState(ctx, room.RoomID)
 	if err != nil {
 		return "", err
@@ -131,7 +137,7 @@ func (s *Service) authoriseRestrictedJoin(ctx context.Context, room storage.Room
 	// The most powerful, then the first by ID: the same choice each time.
 	slices.SortFunc(candidates, func(a, b string) int {
 		if la, lb := levels.UserLevel(spec.SenderID(a)), levels.UserLevel(spec.SenderID(b)); la != lb {
-			return int(lb - la)
+			return cmp.Compare(lb, la)
 		}
 		if a < b {
 			return -1

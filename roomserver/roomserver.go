@@ -90,7 +90,10 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/spec"
 	"github.com/sirupsen/logrus"
 
+	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomversion"
+	"github.com/keyserver/keyserver/stateres"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -232,6 +235,19 @@ func RoomVersions() map[string]string {
 	return out
 }
 
+// allowed checks an event against the auth rules of its room version.
+// In version 12 provider must hold the room's create event, which the
+// event's auth_events do not list.
+func allowed(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvider) error {
+	return authrules.Allowed(ev, provider, userIDForSender)
+}
+
+// resolveV21 resolves the states of a version 12 room (state resolution
+// v2.1).
+func resolveV21(states [][]gomatrixserverlib.PDU, authChain []gomatrixserverlib.PDU, isRejected func(string) bool) ([]gomatrixserverlib.PDU, error) {
+	return stateres.ResolveV21(states, authChain, allowed, isRejected)
+}
+
 // userIDForSender maps a sender to its user: the same in every version
 // this server creates and joins (no pseudo IDs).
 func userIDForSender(_ spec.RoomID, senderID spec.SenderID) (*spec.UserID, error) {
@@ -302,6 +318,43 @@ func (c *chain) authEvents() (*gomatrixserverlib.AuthEvents, error) {
 	return &ae, nil
 }
 
+// authEventIDs selects an event's auth events from the chain's state.
+func (c *chain) authEventIDs(proto *gomatrixserverlib.ProtoEvent) ([]string, error) {
+	return selectAuthEvents(c.impl.Version(), proto, c.state)
+}
+
+// selectAuthEvents lists the auth events of a new event from state:
+// gomatrixserverlib's selection, less the create event in version 12 (its
+// ID is the room ID).
+func selectAuthEvents(version gomatrixserverlib.RoomVersion, proto *gomatrixserverlib.ProtoEvent,
+	state map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU) ([]string, error) {
+	needed, err := gomatrixserverlib.StateNeededForProtoEvent(proto)
+	if err != nil {
+		return nil, err
+	}
+	ids := []string{}
+	for _, t := range needed.Tuples() {
+		if t.EventType == spec.MRoomCreate && roomversion.Is12(version) {
+			continue
+		}
+		if ev, ok := state[t]; ok {
+			ids = append(ids, ev.EventID())
+		}
+	}
+	return ids, nil
+}
+
+// stateMap keys state events by type and state key.
+func stateMap(evs []gomatrixserverlib.PDU) map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU {
+	m := make(map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU, len(evs))
+	for _, ev := range evs {
+		if ev.StateKey() != nil {
+			m[gomatrixserverlib.StateKeyTuple{EventType: ev.Type(), StateKey: *ev.StateKey()}] = ev
+		}
+	}
+	return m
+}
+
 // add builds, signs and authorises the next event. A refusal of the auth
 // rules is 403 M_FORBIDDEN, an event too large 413 M_TOO_LARGE.
 func (c *chain) add(sender, evType string, stateKey *string, content any) (gomatrixserverlib.PDU, error) {
@@ -329,15 +382,14 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 		}
 		proto.Redacts = r.Redacts
 	}
-	eb := c.impl.NewEventBuilderFromProtoEvent(&proto)
 	ae, err := c.authEvents()
 	if err != nil {
 		return nil, err
 	}
-	if err := eb.AddAuthEvents(ae); err != nil {
+	if proto.AuthEvents, err = c.authEventIDs(&proto); err != nil {
 		return nil, mxerr.BadJSON("%v", err)
 	}
-	ev, err := eb.Build(c.s.opts.Now(), spec.ServerName(c.s.opts.ServerName), c.s.opts.KeyID, c.s.opts.PrivateKey)
+	ev, err := roomversion.Build(c.impl.Version(), &proto, c.s.opts.Now(), spec.ServerName(c.s.opts.ServerName), c.s.opts.KeyID, c.s.opts.PrivateKey)
 	var invalid gomatrixserverlib.EventValidationError
 	if errors.As(err, &invalid) && invalid.Code == gomatrixserverlib.EventValidationTooLarge {
 		return nil, mxerr.TooLarge("the event is larger than %d bytes", MaxEventBytes)
@@ -348,7 +400,7 @@ func (c *chain) add(sender, evType string, stateKey *string, content any) (gomat
 	if len(ev.JSON()) > MaxEventBytes {
 		return nil, mxerr.TooLarge("the event is larger than %d bytes", MaxEventBytes)
 	}
-	if err := gomatrixserverlib.Allowed(ev, ae, userIDForSender); err != nil {
+	if err := allowed(ev, ae); err != nil {
 		var na *gomatrixserverlib.NotAllowed
 		if errors.As(err, &na) {
 			return nil, mxerr.Forbidden("%s", na.Message)

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -41,9 +42,22 @@ var upgradedStateTypes = []string{
 // levels are raised so that ordinary members can no longer talk or
 // invite. The user needs the power to send a tombstone in the old room.
 // It returns the new room's ID.
-func (s *Service) Upgrade(ctx context.Context, userID, roomID, newVersion string) (string, error) {
+//
+// In a new room of version 12 the upgrading user and additionalCreators
+// are its creators (MSC4289): they hold every power without being listed
+// in the power levels, so they are left out of the levels carried over.
+func (s *Service) Upgrade(ctx context.Context, userID, roomID, newVersion string, additionalCreators []string) (string, error) {
 	if _, ok := RoomVersions()[newVersion]; !ok {
 		return "", mxerr.New(400, "M_UNSUPPORTED_ROOM_VERSION", "room version %q is not supported", newVersion)
+	}
+	to12 := roomversion.Is12(gomatrixserverlib.RoomVersion(newVersion))
+	if len(additionalCreators) > 0 && !to12 {
+		return "", mxerr.InvalidParam("additional_creators is only for room versions with creators (12)")
+	}
+	for _, u := range additionalCreators {
+		if _, err := spec.NewUserID(u, true); err != nil {
+			return "", mxerr.InvalidParam("%q in additional_creators is not a user ID", u)
+		}
 	}
 	if err := s.joined(ctx, roomID, userID); err != nil {
 		return "", err
@@ -84,8 +98,19 @@ func (s *Service) Upgrade(ctx context.Context, userID, roomID, newVersion string
 	var create map[string]json.RawMessage
 	_ = json.Unmarshal(contents[storage.StateKey{Type: spec.MRoomCreate}], &create)
 	for k, v := range create {
-		if k != "creator" && k != "room_version" && k != "predecessor" {
+		if k != "creator" && k != "room_version" && k != "predecessor" && k != "additional_creators" {
 			req.CreationContent[k] = v
+		}
+	}
+	creators := map[string]bool{}
+	if to12 {
+		creators[userID] = true
+		if len(additionalCreators) > 0 {
+			extra, _ := json.Marshal(additionalCreators)
+			req.CreationContent["additional_creators"] = extra
+			for _, u := range additionalCreators {
+				creators[u] = true
+			}
 		}
 	}
 	var last string
@@ -129,28 +154,37 @@ func (s *Service) Upgrade(ctx context.Context, userID, roomID, newVersion string
 	if oldPL != nil {
 		_ = json.Unmarshal(oldPL, &plFields)
 	}
-	raised := false
+	// The users of the old levels as written there: the creators of a
+	// version 12 room are not, and those of the new room must not be.
+	var users map[string]json.RawMessage
+	newPL := plFields
 	if plFields != nil {
+		_ = json.Unmarshal(plFields["users"], &users)
+		if to12 {
+			for u := range creators {
+				delete(users, u)
+			}
+			b, _ := json.Marshal(users)
+			newPL = withField(plFields, "users", b)
+		}
+	}
+	raised := false
+	if newPL != nil {
 		needed := max(pl.StateDefault, pl.Ban)
 		for _, l := range pl.Events {
 			needed = max(needed, l)
 		}
-		if pl.UserLevel(spec.SenderID(userID)) < needed {
-			users := map[string]int64{}
-			for u, l := range pl.Users {
-				users[u] = l
+		if !to12 && pl.UserLevel(spec.SenderID(userID)) < needed {
+			raisedUsers := map[string]json.RawMessage{}
+			for u, l := range users {
+				raisedUsers[u] = l
 			}
-			users[userID] = needed
-			b, _ := json.Marshal(users)
-			fields := map[string]json.RawMessage{}
-			for k, v := range plFields {
-				fields[k] = v
-			}
-			fields["users"] = b
-			req.PowerLevelContentOverride = fields
+			raisedUsers[userID], _ = json.Marshal(needed)
+			b, _ := json.Marshal(raisedUsers)
+			req.PowerLevelContentOverride = withField(newPL, "users", b)
 			raised = true
 		} else {
-			req.PowerLevelContentOverride = plFields
+			req.PowerLevelContentOverride = newPL
 		}
 	}
 
@@ -204,6 +238,16 @@ func (s *Service) Upgrade(ctx context.Context, userID, roomID, newVersion string
 	}
 	s.followUpgrade(ctx, userID, newRoomID)
 	return newRoomID, nil
+}
+
+// withField returns a copy of an object's fields with one replaced.
+func withField(fields map[string]json.RawMessage, key string, value json.RawMessage) map[string]json.RawMessage {
+	out := make(map[string]json.RawMessage, len(fields)+1)
+	for k, v := range fields {
+		out[k] = v
+	}
+	out[key] = value
+	return out
 }
 
 // restrictedLevels are the old room's power levels with events_default and

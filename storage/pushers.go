@@ -28,10 +28,12 @@ type PushEvent struct {
 }
 
 // PushRoomState is what rules are evaluated with in a room: its joined
-// members with their member events, and its power levels (nil: none).
+// members with their member events, its power levels (nil: none) and its
+// create event (whose creators hold every power in room version 12).
 type PushRoomState struct {
 	Members     map[string][]byte // user ID -> the m.room.member PDU
 	PowerLevels []byte
+	Create      []byte
 }
 
 // PushNotification is an event that notified a user.

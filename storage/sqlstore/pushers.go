@@ -128,7 +128,7 @@ func (s *Store) PushRoomState(ctx context.Context, roomID string) (_ storage.Pus
 	rows, err := s.q.QueryContext(ctx, `SELECT c.event_type, c.state_key, e.event_json
 		FROM room_current_state c JOIN room_events e ON e.event_nid = c.event_nid
 		WHERE c.room_id = $1 AND ((c.event_type = 'm.room.member' AND c.membership = 'join')
-			OR (c.event_type = 'm.room.power_levels' AND c.state_key = ''))`, roomID)
+			OR (c.event_type IN ('m.room.power_levels', 'm.room.create') AND c.state_key = ''))`, roomID)
 	if err != nil {
 		return storage.PushRoomState{}, err
 	}
@@ -139,9 +139,12 @@ func (s *Store) PushRoomState(ctx context.Context, roomID string) (_ storage.Pus
 		if err := rows.Scan(&typ, &key, &js); err != nil {
 			return storage.PushRoomState{}, err
 		}
-		if typ == "m.room.power_levels" {
+		switch typ {
+		case "m.room.power_levels":
 			st.PowerLevels = []byte(js)
-		} else {
+		case "m.room.create":
+			st.Create = []byte(js)
+		default:
 			st.Members[key] = []byte(js)
 		}
 	}
