@@ -4,7 +4,6 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,9 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
+	"github.com/tidwall/sjson"
+
+	"github.com/keyserver/keyserver/roomversion"
 )
 
 // Users of the test rooms. The creator is on one server, the others on
@@ -25,55 +27,19 @@ const (
 	stranger = "@sam:other.example"   // never in the room
 )
 
-// v12Event is a room version 11 event as gomatrixserverlib builds it, dressed
-// as a room version 12 event: Version() is "12", and the create event's ID,
-// room ID and JSON are those of a version 12 create event (the ID of the room
-// is the ID of the create event with "!" for "$"; the create event has no
-// room_id).
-type v12Event struct {
+// alteredEvent is an event whose content is replaced after it was built,
+// to give the rules content that the event builders refuse to write but
+// that other servers may send (e.g. floats, which canonical JSON forbids).
+type alteredEvent struct {
 	gomatrixserverlib.PDU
-	eventID string       // when set, replaces the event ID
-	roomID  *spec.RoomID // when set, replaces the room ID
-	json    []byte       // when set, replaces the JSON
-	content []byte       // when set, replaces the content
+	content []byte
 }
 
-func (e *v12Event) Version() gomatrixserverlib.RoomVersion { return RoomVersion12 }
+func (e *alteredEvent) Content() []byte { return e.content }
 
-func (e *v12Event) EventID() string {
-	if e.eventID != "" {
-		return e.eventID
-	}
-	return e.PDU.EventID()
-}
-
-func (e *v12Event) RoomID() spec.RoomID {
-	if e.roomID != nil {
-		return *e.roomID
-	}
-	return e.PDU.RoomID()
-}
-
-func (e *v12Event) Content() []byte {
-	if e.content != nil {
-		return e.content
-	}
-	return e.PDU.Content()
-}
-
-// withContent gives an event a content gomatrixserverlib would not build,
-// as another server may send it (e.g. floats, which canonical JSON forbids).
+// withContent gives an event another content.
 func withContent(ev gomatrixserverlib.PDU, content string) gomatrixserverlib.PDU {
-	e := *ev.(*v12Event)
-	e.content = []byte(content)
-	return &e
-}
-
-func (e *v12Event) JSON() []byte {
-	if e.json != nil {
-		return e.json
-	}
-	return e.PDU.JSON()
+	return &alteredEvent{PDU: ev, content: []byte(content)}
 }
 
 var (
@@ -101,13 +67,13 @@ type room struct {
 type createOpts struct {
 	sender     string
 	content    map[string]any
-	keepRoomID bool     // leave room_id in the create event's JSON
+	keepRoomID bool     // give the create event a room_id
 	prev       []string // prev_events of the create event
 	stateKey   *string  // default ""
 }
 
 // newCreate builds a version 12 create event, and the room it names.
-func newCreate(t testing.TB, o createOpts) (*v12Event, spec.RoomID) {
+func newCreate(t testing.TB, o createOpts) (gomatrixserverlib.PDU, spec.RoomID) {
 	t.Helper()
 	if o.sender == "" {
 		o.sender = creator
@@ -118,27 +84,31 @@ func newCreate(t testing.TB, o createOpts) (*v12Event, spec.RoomID) {
 	if o.stateKey == nil {
 		o.stateKey = ptr("")
 	}
-	// The room ID carries a domain only because spec.RoomID requires one; it is
-	// that of no user of the room.
-	n := roomCounter.Add(1)
-	roomID, err := spec.NewRoomID(fmt.Sprintf("!room%dhash:nowhere.example", n))
-	if err != nil {
-		t.Fatal(err)
+	// Create events of one sender and content built in one millisecond are
+	// one event: the nonce keeps the test rooms apart.
+	content := map[string]any{"nonce": roomCounter.Add(1)}
+	for k, v := range o.content {
+		content[k] = v
 	}
-	built := build(t, gomatrixserverlib.RoomVersionV11, &gomatrixserverlib.ProtoEvent{
-		SenderID: o.sender, RoomID: roomID.String(), Type: spec.MRoomCreate, StateKey: o.stateKey,
-		PrevEvents: nonNil(o.prev), AuthEvents: []string{}, Depth: 1, Content: mustJSON(t, o.content),
-	})
-	ev := &v12Event{PDU: built, eventID: "$" + roomID.String()[1:], roomID: roomID}
-	if !o.keepRoomID {
-		var m map[string]any
-		if err := json.Unmarshal(built.JSON(), &m); err != nil {
+	proto := &gomatrixserverlib.ProtoEvent{
+		SenderID: o.sender, Type: spec.MRoomCreate, StateKey: o.stateKey,
+		PrevEvents: nonNil(o.prev), AuthEvents: []string{}, Depth: 1, Content: mustJSON(t, content),
+	}
+	if *o.stateKey != "" {
+		proto.RoomID = "!notacreate"
+	}
+	ev := build(t, roomversion.V12, proto)
+	if o.keepRoomID {
+		// As a server would send it: a room_id, whatever its value.
+		withRoomID, err := sjson.SetBytes(ev.JSON(), "room_id", roomversion.RoomIDOfCreate(ev.EventID()))
+		if err != nil {
 			t.Fatal(err)
 		}
-		delete(m, "room_id")
-		ev.json = mustJSON(t, m)
+		if ev, err = gomatrixserverlib.MustGetRoomVersion(roomversion.V12).NewEventFromTrustedJSON(withRoomID, false); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return ev, *roomID
+	return ev, ev.RoomID()
 }
 
 // newRoom starts a version 12 room with a create event of the given content
@@ -191,11 +161,7 @@ func (r *room) eventWith(sender, typ string, stateKey *string, content any, adju
 	if adjust != nil {
 		adjust(proto)
 	}
-	built := build(r.t, gomatrixserverlib.RoomVersionV11, proto)
-	if r.version != RoomVersion12 {
-		return built
-	}
-	return &v12Event{PDU: built}
+	return build(r.t, r.version, proto)
 }
 
 // authEventIDs lists the auth events the selection of the room's version
@@ -280,8 +246,7 @@ func build(t testing.TB, version gomatrixserverlib.RoomVersion, proto *gomatrixs
 	if i := strings.IndexByte(proto.SenderID, ':'); i >= 0 {
 		origin = proto.SenderID[i+1:]
 	}
-	ev, err := gomatrixserverlib.MustGetRoomVersion(version).NewEventBuilderFromProtoEvent(proto).
-		Build(time.Now(), spec.ServerName(origin), "ed25519:test", signingKey)
+	ev, err := roomversion.Build(version, proto, time.Now(), spec.ServerName(origin), "ed25519:test", signingKey)
 	if err != nil {
 		t.Fatalf("building %s: %v", proto.Type, err)
 	}

@@ -1,15 +1,21 @@
 package authrules
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
+
+	"github.com/keyserver/keyserver/roomversion"
 )
 
 // Rule 2: the room is the one its create event names.
 func TestRoomOfCreateEvent(t *testing.T) {
 	a, b := standardRoom(t, spec.Public), standardRoom(t, spec.Public)
+	if id := a.roomID.String(); id != roomversion.RoomIDOfCreate(a.create.EventID()) || strings.Contains(id, ":") {
+		t.Fatalf("room ID %s of create event %s", id, a.create.EventID())
+	}
 
 	expectRule(t, Allowed(a.message(user), a.mapProvider(), userIDForSender), "")
 
