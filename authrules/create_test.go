@@ -32,6 +32,7 @@ func TestCreateEvent(t *testing.T) {
 		{"additional creator without sigil", createOpts{content: map[string]any{"room_version": "12", "additional_creators": []string{"carol:other.example"}}}, "1.4"},
 		{"additional creator without server", createOpts{content: map[string]any{"room_version": "12", "additional_creators": []string{"@carol"}}}, "1.4"},
 		{"additional creator with a bad server name", createOpts{content: map[string]any{"room_version": "12", "additional_creators": []string{"@carol:bad server"}}}, "1.4"},
+		{"unknown room version and a bad additional creator", createOpts{content: map[string]any{"room_version": "99", "additional_creators": []string{"x"}}}, "1.3"},
 		{"additional creator not a string", createOpts{content: map[string]any{"room_version": "12", "additional_creators": []any{"@carol:other.example", 5}}}, "1.4"},
 		{"state key not empty", createOpts{stateKey: ptr("x")}, "1"},
 	}

@@ -81,6 +81,16 @@ func TestJoin(t *testing.T) {
 		{name: "knock room, knocked", joinRule: spec.Knock, setup: seq([3]string{stranger, stranger, spec.Knock}), event: member(stranger, stranger, spec.Join), rule: "5.3.4"},
 		{name: "knock room, invited", joinRule: spec.Knock, setup: seq([3]string{stranger, stranger, spec.Knock}, [3]string{user, stranger, spec.Invite}), event: member(stranger, stranger, spec.Join)},
 		{name: "private join rule", joinRule: "private", event: member(stranger, stranger, spec.Join), rule: "5.3.7"},
+		{name: "join rules event without join_rule, invited", setup: func(r *room) {
+			r.mustApply(r.state_(creator, spec.MRoomJoinRules, "", map[string]any{"allow": []any{}}))
+			r.mustApply(r.member(user, stranger, spec.Invite, nil))
+		}, event: member(stranger, stranger, spec.Join)},
+		{name: "join rules event without join_rule, not invited", setup: func(r *room) {
+			r.mustApply(r.state_(creator, spec.MRoomJoinRules, "", map[string]any{"allow": []any{}}))
+		}, event: member(stranger, stranger, spec.Join), rule: "5.3.4"},
+		{name: "leave with an odd join_authorised_via_users_server", event: func(r *room) gomatrixserverlib.PDU {
+			return r.member(user, user, spec.Leave, map[string]any{"join_authorised_via_users_server": 5})
+		}},
 		{name: "no join rules event", setup: func(r *room) { delete(r.state, tuple(spec.MRoomJoinRules, "")) }, event: member(stranger, stranger, spec.Join), rule: "5.3.4"},
 	})
 }
@@ -137,6 +147,12 @@ func TestRestrictedJoin(t *testing.T) {
 					inviteAt(0)(r)
 					r.mustApply(r.member(user, user, spec.Leave, nil))
 				}, event: via(user), rule: "5.3.5.2"},
+				{name: "authorised by a number", joinRule: jr, event: func(r *room) gomatrixserverlib.PDU {
+					return r.member(stranger, stranger, spec.Join, map[string]any{"join_authorised_via_users_server": 5})
+				}, rule: "5.3.5.2"},
+				{name: "authorised by null", joinRule: jr, event: func(r *room) gomatrixserverlib.PDU {
+					return r.member(stranger, stranger, spec.Join, map[string]any{"join_authorised_via_users_server": nil})
+				}, rule: "5.3.5.2"},
 				{name: "authorised by nobody", joinRule: jr, event: member(stranger, stranger, spec.Join), rule: "5.3.5.2"},
 				{name: "invited, no authorising user", joinRule: jr, setup: seq([3]string{user, stranger, spec.Invite}), event: member(stranger, stranger, spec.Join)},
 				{name: "banned, authorised", joinRule: jr, setup: seq([3]string{mod, stranger, spec.Ban}), event: via(mod), rule: "5.3.3"},

@@ -60,6 +60,7 @@ func TestThirdPartyInvite(t *testing.T) {
 			r.mustApply(r.member(mod, stranger, spec.Ban, nil))
 		}, event: withSigned(goodSigned, user), rule: "5.4.1.1"},
 		{name: "no signed", setup: singleKey, event: inviteWith(user, map[string]any{"display_name": "s…"}), rule: "5.4.1.2"},
+		{name: "third_party_invite null", setup: singleKey, event: inviteWith(user, nil), rule: "5.4.1.2"},
 		{name: "third_party_invite not an object", setup: singleKey, event: inviteWith(user, "yes"), rule: "5.4.1.2"},
 		{name: "no token", setup: singleKey, event: withSigned(func(t *testing.T) json.RawMessage {
 			return sign(t, idKey, map[string]any{"mxid": stranger, "sender": user})
