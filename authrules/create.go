@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
@@ -59,7 +60,7 @@ func parseCreateContent(content []byte) (createContent, error) {
 			c.additionalCreators = append(c.additionalCreators, userID)
 		}
 	}
-	if raw, ok := fields["m.federate"]; ok && string(raw) == "false" {
+	if raw, ok := fields["m.federate"]; ok && strings.TrimSpace(string(raw)) == "false" {
 		c.federate = false
 	}
 	return c, nil
@@ -91,21 +92,25 @@ func createAllowed(ev gomatrixserverlib.PDU) error {
 	if gjson.GetBytes(ev.JSON(), "room_id").Exists() {
 		return notAllowed("1.2", "the create event has a room_id")
 	}
+	// Rules 1.3 (room_version) and 1.4 (additional_creators) read the content.
 	c, err := parseCreateContent(ev.Content())
-	if err != nil {
-		// Rules 1.3 and 1.4 read content.room_version and content.additional_creators.
-		rule := "1"
-		var bad *contentError
-		if errors.As(err, &bad) {
-			rule = bad.rule
-		}
+	rule := "1"
+	var bad *contentError
+	if errors.As(err, &bad) {
+		rule = bad.rule
+	}
+	if err != nil && rule != "1.4" {
 		return notAllowed(rule, "the create event's %v", err)
 	}
 	// Rule 1.3: a room version must be one we know.
 	if c.roomVersion != nil && !knownRoomVersion(*c.roomVersion) {
 		return notAllowed("1.3", "the create event has the unknown room version %q", *c.roomVersion)
 	}
-	// Rule 1.4 was checked while parsing additional_creators. Rule 1.5: allow.
+	// Rule 1.4: additional_creators, an array of user IDs.
+	if err != nil {
+		return notAllowed(rule, "the create event's %v", err)
+	}
+	// Rule 1.5: otherwise, allow.
 	return nil
 }
 

@@ -12,7 +12,7 @@ import (
 // memberContent is what the rules read from an m.room.member event.
 type memberContent struct {
 	Membership       *string         `json:"membership"`
-	AuthorisedVia    *string         `json:"join_authorised_via_users_server"`
+	AuthorisedVia    json.RawMessage `json:"join_authorised_via_users_server"`
 	ThirdPartyInvite json.RawMessage `json:"third_party_invite"`
 }
 
@@ -116,10 +116,13 @@ func (m *memberChange) joinAllowed() error {
 // join_authorised_via_users_server a user with the permission to invite: a
 // joined member whose power level is at least the invite level.
 func (m *memberChange) authorisedJoinAllowed() error {
-	if m.content.AuthorisedVia == nil || *m.content.AuthorisedVia == "" {
+	if len(m.content.AuthorisedVia) == 0 || string(m.content.AuthorisedVia) == "null" {
 		return notAllowed("5.3.5.2", "%s is not invited and the join names no authorising user", m.sender)
 	}
-	via := *m.content.AuthorisedVia
+	var via string
+	if err := json.Unmarshal(m.content.AuthorisedVia, &via); err != nil || via == "" {
+		return notAllowed("5.3.5.2", "join_authorised_via_users_server is %s, not a user ID", m.content.AuthorisedVia)
+	}
 	membership, err := m.membership(via)
 	if err != nil {
 		return err
@@ -136,8 +139,9 @@ func (m *memberChange) authorisedJoinAllowed() error {
 
 // inviteAllowed applies rule 5.4.
 func (m *memberChange) inviteAllowed() error {
-	// Rule 5.4.1: an invite redeeming a third-party invite.
-	if len(m.content.ThirdPartyInvite) > 0 && string(m.content.ThirdPartyInvite) != "null" {
+	// Rule 5.4.1: an invite redeeming a third-party invite (the property
+	// present, whatever its value).
+	if len(m.content.ThirdPartyInvite) > 0 {
 		return m.thirdPartyInviteAllowed()
 	}
 	// Rule 5.4.2: only members invite.

@@ -129,19 +129,22 @@ func (st *authState) membership(userID string) (string, error) {
 }
 
 // joinRule returns the room's join rule; "invite" when there is no join
-// rules event.
+// rules event or it has no join_rule.
 func (st *authState) joinRule() (string, error) {
 	e, err := st.fetch(st.provider.JoinRules())
 	if err != nil || e == nil {
 		return spec.Invite, err
 	}
 	var c struct {
-		JoinRule string `json:"join_rule"`
+		JoinRule *string `json:"join_rule"`
 	}
 	if err := json.Unmarshal(e.Content(), &c); err != nil {
 		return "", notAllowed("3", "the join rules event %s is not valid: %v", e.EventID(), err)
 	}
-	return c.JoinRule, nil
+	if c.JoinRule == nil {
+		return spec.Invite, nil
+	}
+	return *c.JoinRule, nil
 }
 
 // senderDomain is the server name of a sender.
