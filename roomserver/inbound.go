@@ -12,6 +12,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
@@ -233,6 +234,7 @@ func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatri
 		return err
 	}
 	ae := gomatrixserverlib.NewAuthEvents(nil)
+	var listed []gomatrixserverlib.PDU
 	for _, a := range stored {
 		if a.Rejected {
 			return errRejected{"auth event " + a.EventID + " was rejected"}
@@ -244,8 +246,18 @@ func (s *Service) checkAuthEvents(ctx context.Context, origin string, ev gomatri
 		if err != nil {
 			return err
 		}
+		if slices.Contains(ev.AuthEventIDs(), a.EventID) {
+			listed = append(listed, p)
+		}
 		if err := ae.AddEvent(p); err != nil {
 			return errRejected{err.Error()}
+		}
+	}
+	if roomversion.Is12(ev.Version()) {
+		// No two auth events for one state key, none outside the
+		// selection (the create event among them).
+		if err := authrules.CheckAuthEvents(ev, listed); err != nil {
+			return errRejected{"its auth events: " + err.Error()}
 		}
 	}
 	if err := allowed(ev, &ae); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/matrix-org/gomatrixserverlib"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/roomversion"
 )
 
@@ -124,6 +125,14 @@ func (s *Service) checkJoinAnswer12(ctx context.Context, roomID string, join gom
 			}
 		}
 		if !complete {
+			continue
+		}
+		var listed []gomatrixserverlib.PDU
+		for _, id := range ev.AuthEventIDs() {
+			listed = append(listed, all[id])
+		}
+		if err := authrules.CheckAuthEvents(ev, listed); err != nil {
+			s.opts.Logger.WithField("event_id", ev.EventID()).WithError(err).Info("send_join answer: event with wrong auth events left out")
 			continue
 		}
 		if err := allowed(ev, &provider); err != nil {
