@@ -53,6 +53,11 @@ func TestRoomVersion12Creators(t *testing.T) {
 			map[string]any{"users": map[string]any{bob.UserID: 9007199254740991}})
 		expectError(t, srv, "POST", roomPath(room, "/kick"), bob.Token, map[string]any{"user_id": alice.UserID}, 403, "M_FORBIDDEN")
 		srv.Must(t, "POST", roomPath(room, "/kick"), alice.Token, map[string]any{"user_id": bob.UserID})
+		// Its creator leaves the room, empty then, and joins it again:
+		// the room ID names no server, the create event names this one.
+		alone := createRoom(t, srv, alice, map[string]any{"room_version": "12", "preset": "public_chat"})
+		srv.Must(t, "POST", roomPath(alone, "/leave"), alice.Token, map[string]any{})
+		srv.Must(t, "POST", v3+"/join/"+url.PathEscape(alone), alice.Token, map[string]any{})
 		// No client sends a create event, in any version.
 		for _, v := range []string{"11", "12"} {
 			r := createRoom(t, srv, alice, map[string]any{"room_version": v})

@@ -144,6 +144,16 @@ func TestRoomVersion12BetweenDaemons(t *testing.T) {
 				t.Fatalf("%s: joined members %s", n.node.ServerName, raw)
 			}
 		}
+
+		// Once bob's server has left, dan rejoins with the room ID alone:
+		// it names no server, the create event B kept does (its sender's).
+		b.Must(t, "POST", rpath(room, "/leave"), bob.Token, map[string]any{})
+		b.Must(t, "POST", rpath(room, "/leave"), dan.Token, map[string]any{})
+		b.Must(t, "POST", clientV3+"/join/"+url.PathEscape(room), dan.Token, map[string]any{})
+		eventually(t, "dan's rejoin on alice's server", func() bool {
+			r := a.Do(t, "GET", rpath(room, "/state/m.room.member/"+url.PathEscape(dan.UserID)), alice.Token, nil)
+			return r.Status == 200 && r.Body["membership"] == "join"
+		})
 	})
 }
 

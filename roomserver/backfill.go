@@ -13,7 +13,6 @@ import (
 
 	"github.com/matrix-org/gomatrixserverlib"
 
-	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -99,7 +98,7 @@ func (s *Service) backfillServers(ctx context.Context, roomID string) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	creator := matrixid.Server(roomID)
+	creator := s.roomServer(ctx, roomID)
 	var out []string
 	for _, server := range joined {
 		if server != s.opts.ServerName {

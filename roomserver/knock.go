@@ -78,7 +78,7 @@ func (s *Service) Knock(ctx context.Context, userID, roomIDOrAlias, reason strin
 		}
 		return roomID, nil
 	}
-	servers = append(servers, matrixid.Server(roomID))
+	servers = append(servers, s.roomServer(ctx, roomID))
 	var unique []string
 	for _, srv := range servers {
 		if srv != "" && srv != s.opts.ServerName && !slices.Contains(unique, srv) {
@@ -384,7 +384,7 @@ func (s *Service) withdrawRemoteKnock(ctx context.Context, userID, roomID string
 	for _, st := range unsigned[knockStateKey] {
 		servers = append(servers, matrixid.Server(st.Sender()))
 	}
-	servers = append(servers, matrixid.Server(roomID))
+	servers = append(servers, s.roomServer(ctx, roomID))
 	var lastErr error
 	var tried []string
 	for _, server := range servers {

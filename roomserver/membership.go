@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyserver/keyserver/internal/matrixid"
 	"github.com/keyserver/keyserver/internal/mxerr"
+	"github.com/keyserver/keyserver/roomversion"
 	"github.com/keyserver/keyserver/storage"
 )
 
@@ -87,7 +88,7 @@ func (s *Service) join(ctx context.Context, userID, roomIDOrAlias string, extra 
 			servers = append(servers, matrixid.Server(inv[0].Sender))
 		}
 	}
-	servers = append(servers, matrixid.Server(roomID))
+	servers = append(servers, s.roomServer(ctx, roomID))
 	var unique []string
 	for _, srv := range servers {
 		if srv != "" && !slices.Contains(unique, srv) {
@@ -98,6 +99,22 @@ func (s *Service) join(ctx context.Context, userID, roomIDOrAlias string, extra 
 		return "", err
 	}
 	return roomID, nil
+}
+
+// roomServer is the server a room's ID points at: the server name of a
+// room ID of versions 1 to 11, and for a version 12 room ID (which has
+// none) the server of the create event's sender, when this server holds
+// the create event (from an invite, a knock or an earlier stay); "" when
+// there is none to tell.
+func (s *Service) roomServer(ctx context.Context, roomID string) string {
+	if server := matrixid.Server(roomID); server != "" {
+		return server
+	}
+	create, err := s.db.RoomEventsByID(ctx, []string{roomversion.CreateEventID(roomID)})
+	if err != nil || len(create) != 1 || create[0].RoomID != roomID || create[0].Type != spec.MRoomCreate {
+		return ""
+	}
+	return matrixid.Server(create[0].Sender)
 }
 
 // joinsLocally reports whether a join of a room is a local event: the
@@ -116,7 +133,7 @@ func (s *Service) joinsLocally(ctx context.Context, roomID string) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	return len(servers) == 0 && matrixid.Server(roomID) == s.opts.ServerName, nil
+	return len(servers) == 0 && s.roomServer(ctx, roomID) == s.opts.ServerName, nil
 }
 
 // Invite invites a user; a user of another server is invited through
