@@ -95,13 +95,13 @@ func TestCreateRoomEveryVersion(t *testing.T) {
 			t.Fatalf("default room version %v", caps["default"])
 		}
 		available := caps["available"].(map[string]any)
-		for v := 1; v <= 11; v++ {
+		for v := 1; v <= 12; v++ {
 			if available[strconv.Itoa(v)] != "stable" {
 				t.Fatalf("version %d not available: %v", v, available)
 			}
 		}
 
-		for v := 1; v <= 11; v++ {
+		for v := 1; v <= 12; v++ {
 			version := strconv.Itoa(v)
 			roomID := createRoom(t, srv, alice, map[string]any{"room_version": version, "preset": "public_chat"})
 			create := srv.Must(t, "GET", roomPath(roomID, "/state/m.room.create/"), alice.Token, nil)
@@ -134,13 +134,13 @@ func TestCreateRoomEveryVersion(t *testing.T) {
 			}
 		}
 
-		for _, bad := range []string{"12", "0", "org.matrix.msc4014", "banana"} {
+		for _, bad := range []string{"13", "0", "org.matrix.msc4014", "banana"} {
 			expectError(t, srv, "POST", v3+"/createRoom", alice.Token, map[string]any{"room_version": bad}, 400, "M_UNSUPPORTED_ROOM_VERSION")
 		}
 		expectError(t, srv, "POST", v3+"/createRoom", alice.Token, `{"preset": 1}`, 400, "M_BAD_JSON")
 		expectError(t, srv, "POST", v3+"/createRoom", alice.Token, map[string]any{"preset": "nonsense"}, 400, "M_BAD_JSON")
 		expectError(t, srv, "POST", v3+"/createRoom", alice.Token, map[string]any{"invite": []string{"not-a-user"}}, 400, "M_BAD_JSON")
-		if rooms := strs(t, srv.Must(t, "GET", v3+"/joined_rooms", alice.Token, nil)["joined_rooms"]); len(rooms) != 11 {
+		if rooms := strs(t, srv.Must(t, "GET", v3+"/joined_rooms", alice.Token, nil)["joined_rooms"]); len(rooms) != 12 {
 			t.Fatalf("the refused creations left rooms: %v", rooms)
 		}
 	})

@@ -176,10 +176,15 @@ func TestSyncRooms(t *testing.T) {
 		var kinds []string
 		for _, e := range stripped {
 			ev := e.(map[string]any)
+			// Stripped, but for the create event, shown whole with its
+			// ID, room and timestamp (MSC4311).
 			for k := range ev {
-				if k != "type" && k != "state_key" && k != "content" && k != "sender" {
+				if k != "type" && k != "state_key" && k != "content" && k != "sender" && ev["type"] != "m.room.create" {
 					t.Fatalf("stripped state has %q: %v", k, ev)
 				}
+			}
+			if ev["type"] == "m.room.create" && (ev["room_id"] != roomID || ev["origin_server_ts"] == nil || ev["event_id"] == nil) {
+				t.Fatalf("the create event in stripped state: %v", ev)
 			}
 			kinds = append(kinds, ev["type"].(string)+"|"+ev["state_key"].(string))
 		}
