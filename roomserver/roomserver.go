@@ -1,6 +1,7 @@
 // Package roomserver is the rooms of the server: their events, state and
-// membership, built, hashed, signed and authorised with gomatrixserverlib.
-// Membership is the source of who shares a room with whom, which drives
+// membership, built, hashed, signed and authorised with gomatrixserverlib
+// (versions 1 to 11) and with packages roomversion, authrules and
+// stateres (version 12: docs/design/rooms.md). Membership is the source of who shares a room with whom, which drives
 // the device lists of package keyserver.
 //
 // # Storage (package sqlstore, migration 14)
@@ -329,14 +330,14 @@ func (c *chain) authEventIDs(proto *gomatrixserverlib.ProtoEvent) ([]string, err
 func selectAuthEvents(version gomatrixserverlib.RoomVersion, proto *gomatrixserverlib.ProtoEvent,
 	state map[gomatrixserverlib.StateKeyTuple]gomatrixserverlib.PDU) ([]string, error) {
 	needed, err := gomatrixserverlib.StateNeededForProtoEvent(proto)
+	if roomversion.Is12(version) {
+		needed, err = authrules.AuthEventsNeededForProto(proto)
+	}
 	if err != nil {
 		return nil, err
 	}
 	ids := []string{}
 	for _, t := range needed.Tuples() {
-		if t.EventType == spec.MRoomCreate && roomversion.Is12(version) {
-			continue
-		}
 		if ev, ok := state[t]; ok {
 			ids = append(ids, ev.EventID())
 		}
