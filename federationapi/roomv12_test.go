@@ -145,10 +145,17 @@ func TestRoomVersion12BetweenDaemons(t *testing.T) {
 			}
 		}
 
-		// Once bob's server has left, dan rejoins with the room ID alone:
-		// it names no server, the create event B kept does (its sender's).
+		// Once bob's server has left the room, made public, dan rejoins
+		// with the room ID alone: it names no server, the create event B
+		// kept does (its sender's).
+		a.Must(t, "PUT", rpath(room, "/state/m.room.join_rules/"), alice.Token, map[string]any{"join_rule": "public"})
 		b.Must(t, "POST", rpath(room, "/leave"), bob.Token, map[string]any{})
 		b.Must(t, "POST", rpath(room, "/leave"), dan.Token, map[string]any{})
+		eventually(t, "bob and dan to have left on alice's server", func() bool {
+			r := a.Must(t, "GET", rpath(room, "/joined_members"), alice.Token, nil)
+			joined, _ := r["joined"].(map[string]any)
+			return len(joined) == 1
+		})
 		b.Must(t, "POST", clientV3+"/join/"+url.PathEscape(room), dan.Token, map[string]any{})
 		eventually(t, "dan's rejoin on alice's server", func() bool {
 			r := a.Do(t, "GET", rpath(room, "/state/m.room.member/"+url.PathEscape(dan.UserID)), alice.Token, nil)
