@@ -64,6 +64,10 @@ type gmslPeer struct {
 	// editSendJoin, when set, changes each send_join answer before it
 	// is sent (a misbehaving server).
 	editSendJoin func(answer map[string]any)
+	// stateAnswer, when set, answers /state_ids and /state in place of
+	// the room's own state: for another room (one of the daemon's the
+	// peer's users are in), or a wrong answer (ok false: not found).
+	stateAnswer func(roomID, eventID string) (state, authChain []gomatrixserverlib.PDU, ok bool)
 	// v1Only makes the peer an older server: v2 send_join and send_leave
 	// are unknown paths to it, v1 (answered [200, answer]) is served.
 	v1Only bool
@@ -104,6 +108,38 @@ func (p *gmslPeer) changeSendJoin(f func(answer map[string]any)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.editSendJoin = f
+}
+
+// answerState sets the answer of /state_ids and /state (nil: the room's).
+func (p *gmslPeer) answerState(f func(roomID, eventID string) (state, authChain []gomatrixserverlib.PDU, ok bool)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stateAnswer = f
+}
+
+// hold keeps events of another room (one of the daemon's the peer's
+// users are in) for /event, /get_missing_events and /backfill, without
+// making them events of the peer's room.
+func (p *gmslPeer) hold(evs ...gomatrixserverlib.PDU) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ev := range evs {
+		p.events[ev.EventID()] = ev
+	}
+}
+
+// stateFor answers /state_ids and /state: the state before an event and
+// its auth chain, ok false when the event is not known.
+func (p *gmslPeer) stateFor(roomID, eventID string) (state, authChain []gomatrixserverlib.PDU, ok bool) {
+	if p.stateAnswer != nil {
+		return p.stateAnswer(roomID, eventID)
+	}
+	ev := p.events[eventID]
+	if ev == nil || roomID != p.roomID {
+		return nil, nil, false
+	}
+	state = p.stateAt(ev.PrevEventIDs()).list()
+	return state, p.authChain(state), true
 }
 
 // answerNoMissingEvents makes get_missing_events answer nothing.
@@ -593,13 +629,12 @@ func (p *gmslPeer) serve() {
 		p.count("state_ids")
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		ev := p.events[r.URL.Query().Get("event_id")]
-		if ev == nil || r.PathValue("roomId") != p.roomID {
+		state, authChain, ok := p.stateFor(r.PathValue("roomId"), r.URL.Query().Get("event_id"))
+		if !ok {
 			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown event"})
 			return
 		}
-		state := p.stateAt(ev.PrevEventIDs()).list()
-		writeJSON(w, map[string]any{"pdu_ids": eventIDs(state), "auth_chain_ids": eventIDs(p.authChain(state))})
+		writeJSON(w, map[string]any{"pdu_ids": eventIDs(state), "auth_chain_ids": eventIDs(authChain)})
 	})
 	mux.HandleFunc("GET /_matrix/federation/v1/state/{roomId}", func(w http.ResponseWriter, r *http.Request) {
 		if p.verify(w, r) == nil {
@@ -608,13 +643,12 @@ func (p *gmslPeer) serve() {
 		p.count("state")
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		ev := p.events[r.URL.Query().Get("event_id")]
-		if ev == nil || r.PathValue("roomId") != p.roomID {
+		state, authChain, ok := p.stateFor(r.PathValue("roomId"), r.URL.Query().Get("event_id"))
+		if !ok {
 			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown event"})
 			return
 		}
-		state := p.stateAt(ev.PrevEventIDs()).list()
-		writeJSON(w, map[string]any{"pdus": rawEvents(state...), "auth_chain": rawEvents(p.authChain(state)...)})
+		writeJSON(w, map[string]any{"pdus": rawEvents(state...), "auth_chain": rawEvents(authChain...)})
 	})
 	mux.HandleFunc("POST /_matrix/federation/v1/get_missing_events/{roomId}", p.missingEvents)
 	mux.HandleFunc("GET /_matrix/federation/v1/backfill/{roomId}", p.backfill)

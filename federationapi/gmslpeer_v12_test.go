@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -359,6 +360,221 @@ func TestGmslPeerV12AuthEvents(t *testing.T) {
 					t.Fatalf("timeline %v lacks %s", timelineIDs(tl), good.EventID())
 				}
 			})
+		}
+	})
+}
+
+// stateEvent finds the event of a key among evs.
+func stateEvent(t *testing.T, evs []gomatrixserverlib.PDU, evType, stateKey string) gomatrixserverlib.PDU {
+	t.Helper()
+	for _, ev := range evs {
+		if ev.Type() == evType && ev.StateKeyEquals(stateKey) {
+			return ev
+		}
+	}
+	t.Fatalf("no %s %q among %d events", evType, stateKey, len(evs))
+	return nil
+}
+
+// putState sets a state event on n and returns its ID.
+func putState(t *testing.T, n *testutil.Node, u *testutil.User, roomID, evType string, content map[string]any) string {
+	t.Helper()
+	return n.Must(t, "PUT", rpath(roomID, "/state/"+evType+"/"), u.Token, content)["event_id"].(string)
+}
+
+// joinRule is the join rule of a room on n, as u sees it.
+func joinRule(t *testing.T, n *testutil.Node, u *testutil.User, roomID string) any {
+	t.Helper()
+	r := n.Do(t, "GET", rpath(roomID, "/state/m.room.join_rules/"), u.Token, nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("join rules: %d %s", r.Status, r.Raw)
+	}
+	return r.Body["join_rule"]
+}
+
+// MSC4289: a user of the peer with a power level above 100 changes the
+// join rule at the same time as the room's creator, who is in no power
+// level entry. State resolution orders the creator's event first, as the
+// most powerful, so the other user's, applied after it, wins
+// (Complement's "admin with >PL100 sorts after the room creator for state
+// resolution"). Were the creator taken at level 100, the order would be
+// the other way round, and the creator's invite rule would win.
+func TestGmslPeerV12CreatorSortsFirst(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		alice := n.Register(t, "alice", "")
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{
+			"preset": "public_chat", "room_version": "12",
+		})["room_id"].(string)
+		p := newGmslPeer(t, v12)
+		bob := p.user("bob")
+		joined := peerJoinDaemonRoom12(t, p, n, bob, roomID)
+		plID := putState(t, n, alice, roomID, spec.MRoomPowerLevels, map[string]any{"users": map[string]any{bob: 9493420}})
+		pl := receivedFromDaemon(t, p, plID)
+
+		since := syncToken(t, n, alice)
+		aliceJR := putState(t, n, alice, roomID, spec.MRoomJoinRules, map[string]any{"join_rule": spec.Invite})
+		empty := ""
+		bobJR := p.build12(t, roomID, bob, spec.MRoomJoinRules, &empty, map[string]any{"join_rule": spec.Knock},
+			[]gomatrixserverlib.PDU{pl}, plID, joined.join.EventID())
+		p.sendEvents(t, n, bobJR)
+		tl, _ := roomTimeline(t, n, alice, roomID, since)
+		if ids := timelineIDs(tl); !slices.Contains(ids, bobJR.EventID()) || !slices.Contains(ids, aliceJR) {
+			t.Fatalf("timeline %v, want %s and %s", ids, aliceJR, bobJR.EventID())
+		}
+		if got := joinRule(t, n, alice, roomID); got != spec.Knock {
+			t.Fatalf("join rule %v, want knock", got)
+		}
+		if got := daemonState(t, n, alice, roomID)["m.room.join_rules|"]; got != bobJR.EventID() {
+			t.Fatalf("join rules event %s, want %s", got, bobJR.EventID())
+		}
+	})
+}
+
+// gapOfMemberEvents builds count member events of user (display name
+// changes) in a chain from prev, each authorised by auth and the one
+// before, held by the peer for the daemon's /event and
+// /get_missing_events; it returns them and their positions.
+func gapOfMemberEvents(t *testing.T, p *gmslPeer, roomID, user string, count int, prev, member gomatrixserverlib.PDU, auth ...string) ([]gomatrixserverlib.PDU, map[string]int) {
+	t.Helper()
+	evs := make([]gomatrixserverlib.PDU, count)
+	index := map[string]int{}
+	for i := range evs {
+		evs[i] = p.build12(t, roomID, user, spec.MRoomMember, &user,
+			map[string]any{"membership": spec.Join, "displayname": user + " " + string(rune('A'+i%26)) + strconv.Itoa(i)},
+			[]gomatrixserverlib.PDU{prev}, append(slices.Clone(auth), member.EventID())...)
+		index[evs[i].EventID()] = i
+		prev, member = evs[i], evs[i]
+	}
+	p.hold(evs...)
+	return evs, index
+}
+
+// MSC4297, state resolution v2.1 starts from the empty set: a user of
+// the peer sends the last of 250 events the daemon misses; after
+// /get_missing_events the daemon asks /state_ids, answered with a join
+// rule (public) older than the room's (invite, set before its creator
+// left). Resolving that state with the daemon's replays the join rules on
+// their own auth events, so the room stays invite-only; v2 would replay
+// them on the creator having left and lose the join rule.
+func TestGmslPeerV12StateResStartsFromEmpty(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		alice := n.Register(t, "alice", "")
+		bob := n.Register(t, "bob", "")
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", alice.Token, map[string]any{
+			"preset": "public_chat", "room_version": "12",
+		})["room_id"].(string)
+		n.Must(t, "POST", rpath(roomID, "/join"), bob.Token, map[string]any{})
+		p := newGmslPeer(t, v12)
+		charlie := p.user("charlie")
+		joined := peerJoinDaemonRoom12(t, p, n, charlie, roomID)
+		all := append(slices.Clone(joined.state), joined.authChain...)
+		jrPublic := stateEvent(t, joined.state, spec.MRoomJoinRules, "")
+		aliceJoin := stateEvent(t, all, spec.MRoomMember, alice.UserID)
+		bobJoin := stateEvent(t, joined.state, spec.MRoomMember, bob.UserID)
+		create := stateEvent(t, joined.state, spec.MRoomCreate, "")
+		pl := stateEvent(t, joined.state, spec.MRoomPowerLevels, "")
+		msg := n.Must(t, "PUT", rpath(roomID, "/send/m.room.message/sync1"), bob.Token, message("can you hear me charlie?"))["event_id"].(string)
+		receivedFromDaemon(t, p, msg)
+
+		jrInvite := putState(t, n, alice, roomID, spec.MRoomJoinRules, map[string]any{"join_rule": spec.Invite})
+		receivedFromDaemon(t, p, jrInvite)
+		n.Must(t, "POST", rpath(roomID, "/leave"), alice.Token, map[string]any{})
+		aliceLeave := receivedFromDaemon(t, p, daemonState(t, n, bob, roomID)["m.room.member|"+alice.UserID])
+		if m, _ := aliceLeave.Membership(); m != spec.Leave {
+			t.Fatalf("alice's member event %s", aliceLeave.JSON())
+		}
+
+		evs, index := gapOfMemberEvents(t, p, roomID, charlie, 250, aliceLeave, joined.join, pl.EventID(), jrInvite)
+		p.answerState(func(rid, eventID string) ([]gomatrixserverlib.PDU, []gomatrixserverlib.PDU, bool) {
+			i, ok := index[eventID]
+			if rid != roomID || !ok || i == 0 {
+				return nil, nil, false
+			}
+			// The join rule is wrong: public, where it is invite.
+			state := []gomatrixserverlib.PDU{evs[i-1], create, pl, bobJoin, jrPublic, aliceLeave}
+			return state, append(slices.Clone(evs[:i-1]), aliceJoin), true
+		})
+		last := evs[len(evs)-1]
+		p.sendEvents(t, n, last)
+		if p.served("state_ids")+p.served("state") == 0 {
+			t.Fatal("the daemon asked neither /state_ids nor /state")
+		}
+		if s := eventStatus(t, n, bob, roomID, last.EventID()); s != http.StatusOK {
+			t.Fatalf("the last event: %d", s)
+		}
+		if got := joinRule(t, n, bob, roomID); got != spec.Invite {
+			t.Fatalf("join rule %v, want invite", got)
+		}
+	})
+}
+
+// MSC4297, state resolution v2.1 includes the conflicted subgraph: the
+// power levels go from the creator's (alice at 100) to alice's (bob at
+// 50) to bob's (charlie at 50); a user of the peer joins on the last and
+// sends the last of 250 events the daemon misses, and /state_ids answers
+// with the first power levels. The events between the conflicted power
+// levels are replayed too, so the last power levels stay; v2 would go
+// back to the first.
+func TestGmslPeerV12StateResConflictedSubgraph(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		creator := n.Register(t, "creator", "")
+		alice := n.Register(t, "alice", "")
+		bob := n.Register(t, "bob", "")
+		zara := n.Register(t, "zara", "")
+		roomID := n.Must(t, "POST", "/_matrix/client/v3/createRoom", creator.Token, map[string]any{
+			"preset": "public_chat", "room_version": "12",
+		})["room_id"].(string)
+		putState(t, n, creator, roomID, spec.MRoomPowerLevels, map[string]any{"users": map[string]any{alice.UserID: 100}})
+		n.Must(t, "POST", rpath(roomID, "/join"), alice.Token, map[string]any{})
+		n.Must(t, "POST", rpath(roomID, "/join"), bob.Token, map[string]any{})
+		p := newGmslPeer(t, v12)
+		charlie, eve := p.user("charlie"), p.user("eve")
+		joined := peerJoinDaemonRoom12(t, p, n, charlie, roomID)
+		firstPL := stateEvent(t, joined.state, spec.MRoomPowerLevels, "")
+		create := stateEvent(t, joined.state, spec.MRoomCreate, "")
+		jr := stateEvent(t, joined.state, spec.MRoomJoinRules, "")
+		aliceJoin := stateEvent(t, joined.state, spec.MRoomMember, alice.UserID)
+		bobJoin := stateEvent(t, joined.state, spec.MRoomMember, bob.UserID)
+		putState(t, n, alice, roomID, spec.MRoomPowerLevels, map[string]any{"users": map[string]any{alice.UserID: 100, bob.UserID: 50}})
+		pl3ID := putState(t, n, bob, roomID, spec.MRoomPowerLevels, map[string]any{"users": map[string]any{alice.UserID: 100, bob.UserID: 50, charlie: 50}})
+		pl3 := receivedFromDaemon(t, p, pl3ID)
+		n.Must(t, "POST", rpath(roomID, "/join"), zara.Token, map[string]any{})
+
+		// Eve joins on the third power levels, beside zara's join.
+		eveJoin := p.build12(t, roomID, eve, spec.MRoomMember, &eve, map[string]any{"membership": spec.Join},
+			[]gomatrixserverlib.PDU{pl3}, pl3ID, jr.EventID())
+		p.hold(eveJoin)
+		since := syncToken(t, n, alice)
+		p.sendEvents(t, n, eveJoin)
+		if tl, _ := roomTimeline(t, n, alice, roomID, since); !slices.Contains(timelineIDs(tl), eveJoin.EventID()) {
+			t.Fatalf("timeline %v lacks eve's join", timelineIDs(tl))
+		}
+
+		evs, index := gapOfMemberEvents(t, p, roomID, eve, 250, eveJoin, eveJoin, pl3ID, jr.EventID())
+		p.answerState(func(rid, eventID string) ([]gomatrixserverlib.PDU, []gomatrixserverlib.PDU, bool) {
+			i, ok := index[eventID]
+			if rid != roomID || !ok || i == 0 {
+				return nil, nil, false
+			}
+			// The power levels are wrong: the first, where they are the third.
+			state := []gomatrixserverlib.PDU{evs[i-1], create, aliceJoin, firstPL, jr, bobJoin, joined.join}
+			return state, append(slices.Clone(evs[:i-1]), eveJoin), true
+		})
+		last := evs[len(evs)-1]
+		p.sendEvents(t, n, last)
+		if p.served("state_ids")+p.served("state") == 0 {
+			t.Fatal("the daemon asked neither /state_ids nor /state")
+		}
+		if s := eventStatus(t, n, alice, roomID, last.EventID()); s != http.StatusOK {
+			t.Fatalf("the last event: %d", s)
+		}
+		content := n.Must(t, "GET", rpath(roomID, "/state/m.room.power_levels/"), alice.Token, nil)
+		users, _ := content["users"].(map[string]any)
+		if users[alice.UserID] != float64(100) || users[bob.UserID] != float64(50) || users[charlie] != float64(50) {
+			t.Fatalf("power levels users %v, want the third power levels'", users)
 		}
 	})
 }
