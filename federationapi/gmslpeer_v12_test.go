@@ -578,3 +578,148 @@ func TestGmslPeerV12StateResConflictedSubgraph(t *testing.T) {
 		}
 	})
 }
+
+// inviteTo12 sends the peer's invite of a daemon's user to n (v2
+// /invite) with the given invite_room_state.
+func inviteTo12(t *testing.T, p *gmslPeer, n *testutil.Node, invite gomatrixserverlib.PDU, roomState []any) testutil.Response {
+	t.Helper()
+	path := "/_matrix/federation/v2/invite/" + url.PathEscape(p.roomID) + "/" + url.PathEscape(invite.EventID())
+	return testutil.SendTo(t, n, p.SignedRequest(t, "PUT", n.ServerName, path, map[string]any{
+		"room_version": v12, "event": json.RawMessage(invite.JSON()), "invite_room_state": roomState}, "", nil))
+}
+
+// inviteState is the invite_state of a room in u's /sync (nil: not
+// invited).
+func inviteState(t *testing.T, n *testutil.Node, u *testutil.User, roomID string) []any {
+	t.Helper()
+	r := n.Must(t, "GET", "/_matrix/client/v3/sync?timeout=0", u.Token, nil)
+	rooms, _ := r["rooms"].(map[string]any)
+	inv, _ := rooms["invite"].(map[string]any)
+	room, _ := inv[roomID].(map[string]any)
+	if room == nil {
+		return nil
+	}
+	st, _ := room["invite_state"].(map[string]any)
+	return asList(st["events"])
+}
+
+// MSC4311: the peer invites a daemon's user to a version 12 room. Its
+// invite_room_state must hold the room's create event whole, signed, and
+// only PDUs of the room: otherwise the invite is refused with 400
+// M_MISSING_PARAM and nothing is kept. With the create event, the
+// invitee's /sync shows it with its timestamp and room ID, and the
+// invitee joins through the inviter's server.
+func TestGmslPeerV12Invite(t *testing.T) {
+	testutil.ForEachDatabase(t, func(t *testing.T, db testutil.Database) {
+		n := testutil.StartNode(t, db, nil)
+		other := newGmslPeer(t, v12)
+		otherCreate := other.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomCreate}]
+		edit := func(ev gomatrixserverlib.PDU, f func(obj map[string]any)) json.RawMessage {
+			var obj map[string]any
+			if err := json.Unmarshal(ev.JSON(), &obj); err != nil {
+				t.Fatal(err)
+			}
+			f(obj)
+			raw, _ := json.Marshal(obj)
+			return raw
+		}
+		for i, tc := range []struct {
+			name      string
+			roomState func(p *gmslPeer, create, jr gomatrixserverlib.PDU) []any
+		}{
+			{"without the create event", func(_ *gmslPeer, _, jr gomatrixserverlib.PDU) []any {
+				return []any{json.RawMessage(jr.JSON())}
+			}},
+			{"stripped state, not PDUs", func(_ *gmslPeer, create, jr gomatrixserverlib.PDU) []any {
+				return []any{gomatrixserverlib.NewInviteStrippedState(create), gomatrixserverlib.NewInviteStrippedState(jr)}
+			}},
+			{"the create event whole beside a stripped entry", func(_ *gmslPeer, create, jr gomatrixserverlib.PDU) []any {
+				return []any{json.RawMessage(create.JSON()), gomatrixserverlib.NewInviteStrippedState(jr)}
+			}},
+			{"the create event of another room", func(_ *gmslPeer, _, jr gomatrixserverlib.PDU) []any {
+				return []any{json.RawMessage(otherCreate.JSON()), json.RawMessage(jr.JSON())}
+			}},
+			{"the create event unsigned", func(_ *gmslPeer, create, jr gomatrixserverlib.PDU) []any {
+				return []any{edit(create, func(obj map[string]any) { delete(obj, "signatures") }), json.RawMessage(jr.JSON())}
+			}},
+			{"the create event altered", func(_ *gmslPeer, create, jr gomatrixserverlib.PDU) []any {
+				return []any{edit(create, func(obj map[string]any) { obj["content"].(map[string]any)["m.federate"] = false }), json.RawMessage(jr.JSON())}
+			}},
+			{"the create event altered and signed again", func(p *gmslPeer, create, jr gomatrixserverlib.PDU) []any {
+				var obj map[string]any
+				_ = json.Unmarshal(create.JSON(), &obj)
+				obj["content"].(map[string]any)["m.federate"] = false
+				return []any{p.resign(obj), json.RawMessage(jr.JSON())}
+			}},
+			{"an event whose signature does not hold", func(p *gmslPeer, create, _ gomatrixserverlib.PDU) []any {
+				jr := edit(other.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomJoinRules}], func(obj map[string]any) {
+					obj["room_id"] = p.roomID
+				})
+				return []any{json.RawMessage(create.JSON()), jr}
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				alice := n.Register(t, "alice"+strconv.Itoa(i), "")
+				p := newGmslPeer(t, v12)
+				invite := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &alice.UserID, Content: map[string]any{"membership": spec.Invite}})
+				state := p.current()
+				create := state[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomCreate}]
+				jr := state[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomJoinRules}]
+				r := inviteTo12(t, p, n, invite, tc.roomState(p, create, jr))
+				if r.Status != http.StatusBadRequest || r.Errcode() != "M_MISSING_PARAM" {
+					t.Fatalf("invite: %d %s", r.Status, r.Raw)
+				}
+				if _, err := n.Store.Room(context.Background(), p.roomID); !errors.Is(err, storage.ErrNotFound) {
+					t.Fatalf("the room is stored: %v", err)
+				}
+				if stored, err := n.Store.RoomEventsByID(context.Background(), []string{invite.EventID()}); err != nil || len(stored) != 0 {
+					t.Fatalf("the invite is stored: %+v %v", stored, err)
+				}
+				if st := inviteState(t, n, alice, p.roomID); st != nil {
+					t.Fatalf("invited: %v", st)
+				}
+			})
+		}
+
+		t.Run("the create event whole", func(t *testing.T) {
+			alice := n.Register(t, "alice", "")
+			p := newGmslPeer(t, v12)
+			invite := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &alice.UserID, Content: map[string]any{"membership": spec.Invite}})
+			state := p.current()
+			create := state[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomCreate}]
+			jr := state[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomJoinRules}]
+			r := inviteTo12(t, p, n, invite, []any{json.RawMessage(create.JSON()), json.RawMessage(jr.JSON())})
+			if r.Status != http.StatusOK {
+				t.Fatalf("invite: %d %s", r.Status, r.Raw)
+			}
+			raw, _ := json.Marshal(r.Body["event"])
+			signed, err := p.impl.NewEventFromUntrustedJSON(raw)
+			if err != nil || signed.EventID() != invite.EventID() {
+				t.Fatalf("signed invite %s: %v", raw, err)
+			}
+			if err := gomatrixserverlib.VerifyEventSignatures(context.Background(), signed, p.keyRing, peerUserIDForSender); err != nil {
+				t.Fatalf("the signed invite: %v", err)
+			}
+			p.replace(signed)
+			found := false
+			for _, e := range inviteState(t, n, alice, p.roomID) {
+				ev, _ := e.(map[string]any)
+				if ev["type"] != spec.MRoomCreate {
+					continue
+				}
+				found = true
+				if ev["origin_server_ts"] != float64(create.OriginServerTS()) || ev["room_id"] != p.roomID ||
+					ev["sender"] != p.creator || ev["event_id"] != create.EventID() {
+					t.Fatalf("the create event in invite_state: %v", ev)
+				}
+			}
+			if !found {
+				t.Fatalf("no create event in invite_state %v", inviteState(t, n, alice, p.roomID))
+			}
+			n.Must(t, "POST", rpath(p.roomID, "/join"), alice.Token, map[string]any{})
+			if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
+				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+			}
+		})
+	})
+}
