@@ -192,6 +192,17 @@ func TestGmslPeerV12Join(t *testing.T) {
 				t.Fatalf("the peer did not take the message into its room: extremities %v", x)
 			}
 			expectNoCreateInAuth(t, p.roomID, joins[0], got)
+
+			// Alice leaves: the leave reaches the peer, which takes it
+			// with the rules of version 12.
+			n.Must(t, "POST", rpath(p.roomID, "/leave"), alice.Token, map[string]any{})
+			var leave gomatrixserverlib.PDU
+			testutil.Eventually(t, "alice's leave in the peer's room", func() bool {
+				leave = p.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomMember, StateKey: alice.UserID}]
+				m, _ := leave.Membership()
+				return m == spec.Leave
+			})
+			expectNoCreateInAuth(t, p.roomID, leave)
 		})
 
 		t.Run("the daemon's room", func(t *testing.T) {
@@ -719,6 +730,33 @@ func TestGmslPeerV12Invite(t *testing.T) {
 			n.Must(t, "POST", rpath(p.roomID, "/join"), alice.Token, map[string]any{})
 			if got, want := daemonState(t, n, alice, p.roomID), p.current().ids(); !maps.Equal(got, want) {
 				t.Fatalf("the daemon's state\n%v\nthe peer's\n%v", got, want)
+			}
+		})
+
+		t.Run("the create event whole, rejected", func(t *testing.T) {
+			alice := n.Register(t, "alicerejects", "")
+			p := newGmslPeer(t, v12)
+			invite := p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &alice.UserID, Content: map[string]any{"membership": spec.Invite}})
+			create := p.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomCreate}]
+			r := inviteTo12(t, p, n, invite, []any{json.RawMessage(create.JSON())})
+			if r.Status != http.StatusOK {
+				t.Fatalf("invite: %d %s", r.Status, r.Raw)
+			}
+			raw, _ := json.Marshal(r.Body["event"])
+			signed, err := p.impl.NewEventFromUntrustedJSON(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.replace(signed)
+			// Rejected through the inviter's server: make_leave, send_leave.
+			n.Must(t, "POST", rpath(p.roomID, "/leave"), alice.Token, map[string]any{})
+			leave := p.current()[gomatrixserverlib.StateKeyTuple{EventType: spec.MRoomMember, StateKey: alice.UserID}]
+			if m, _ := leave.Membership(); m != spec.Leave || string(leave.SenderID()) != alice.UserID || p.served("make_leave") != 1 {
+				t.Fatalf("the peer's member event of alice %s (make_leave served %d times)", leave.JSON(), p.served("make_leave"))
+			}
+			expectNoCreateInAuth(t, p.roomID, leave)
+			if st := inviteState(t, n, alice, p.roomID); st != nil {
+				t.Fatalf("still invited: %v", st)
 			}
 		})
 	})
