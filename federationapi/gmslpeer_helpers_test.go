@@ -33,11 +33,14 @@ import (
 
 // gmslPeer is another homeserver made from gomatrixserverlib: it hosts
 // one room of a given version, builds, signs and authorises its events
-// with gomatrixserverlib (version 12, which the pinned gomatrixserverlib
-// predates: with roomversion, authrules and stateres), keeps them in memory, and serves what a daemon
+// with gomatrixserverlib, keeps them in memory, and serves what a daemon
 // joining and following the room asks of it: make_join, v2 send_join,
 // event, state_ids, get_missing_events, and send for what comes back.
-// Requests to it are checked (X-Matrix) with its own key ring.
+// Requests to it are checked (X-Matrix) with its own key ring. Version
+// 12, which the pinned gomatrixserverlib predates, is built with
+// roomversion.Build, authorised with authrules and resolved with
+// stateres.ResolveV21; its make_join and make_leave are the peer's own
+// steps (gomatrixserverlib's check templates with the rules of version 11).
 type gmslPeer struct {
 	*testutil.Origin
 	t       testing.TB
@@ -237,7 +240,8 @@ func newGmslPeer(t testing.TB, version gomatrixserverlib.RoomVersion) *gmslPeer 
 // is12 tells whether the peer's room is of version 12.
 func (p *gmslPeer) is12() bool { return roomversion.Is12(p.version) }
 
-// allowed checks an event with the auth rules of its version.
+// allowedByPeer checks an event with the auth rules of its version
+// (version 12: authrules; the provider must hold the create event).
 func allowedByPeer(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvider) error {
 	return authrules.Allowed(ev, provider, peerUserIDForSender)
 }
