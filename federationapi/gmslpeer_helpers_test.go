@@ -25,7 +25,10 @@ import (
 	"github.com/matrix-org/gomatrixserverlib/fclient"
 	"github.com/matrix-org/gomatrixserverlib/spec"
 
+	"github.com/keyserver/keyserver/authrules"
 	"github.com/keyserver/keyserver/internal/testutil"
+	"github.com/keyserver/keyserver/roomversion"
+	"github.com/keyserver/keyserver/stateres"
 )
 
 // gmslPeer is another homeserver made from gomatrixserverlib: it hosts
@@ -33,14 +36,18 @@ import (
 // with gomatrixserverlib, keeps them in memory, and serves what a daemon
 // joining and following the room asks of it: make_join, v2 send_join,
 // event, state_ids, get_missing_events, and send for what comes back.
-// Requests to it are checked (X-Matrix) with its own key ring.
+// Requests to it are checked (X-Matrix) with its own key ring. Version
+// 12, which the pinned gomatrixserverlib predates, is built with
+// roomversion.Build, authorised with authrules and resolved with
+// stateres.ResolveV21; its make_join and make_leave are the peer's own
+// steps (gomatrixserverlib's check templates with the rules of version 11).
 type gmslPeer struct {
 	*testutil.Origin
 	t       testing.TB
 	version gomatrixserverlib.RoomVersion
 	impl    gomatrixserverlib.IRoomVersion
 	roomID  string
-	creator string // joined, with power level 100
+	creator string // joined, with power level 100 (a creator in version 12)
 	keyRing *gomatrixserverlib.KeyRing
 
 	mu         sync.Mutex
@@ -57,6 +64,13 @@ type gmslPeer struct {
 	// failMakeJoin and failSendJoin, when set, answer those requests
 	// instead of the room.
 	failMakeJoin, failSendJoin http.HandlerFunc
+	// editSendJoin, when set, changes each send_join answer before it
+	// is sent (a misbehaving server).
+	editSendJoin func(answer map[string]any)
+	// stateAnswer, when set, answers /state_ids and /state in place of
+	// the room's own state: for another room (one of the daemon's the
+	// peer's users are in), or a wrong answer (ok false: not found).
+	stateAnswer func(roomID, eventID string) (state, authChain []gomatrixserverlib.PDU, ok bool)
 	// v1Only makes the peer an older server: v2 send_join and send_leave
 	// are unknown paths to it, v1 (answered [200, answer]) is served.
 	v1Only bool
@@ -90,6 +104,45 @@ func (p *gmslPeer) setFailures(makeJoin, sendJoin http.HandlerFunc) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failMakeJoin, p.failSendJoin = makeJoin, sendJoin
+}
+
+// changeSendJoin sets the change made to send_join answers (nil: none).
+func (p *gmslPeer) changeSendJoin(f func(answer map[string]any)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.editSendJoin = f
+}
+
+// answerState sets the answer of /state_ids and /state (nil: the room's).
+func (p *gmslPeer) answerState(f func(roomID, eventID string) (state, authChain []gomatrixserverlib.PDU, ok bool)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stateAnswer = f
+}
+
+// hold keeps events of another room (one of the daemon's the peer's
+// users are in) for /event, /get_missing_events and /backfill, without
+// making them events of the peer's room.
+func (p *gmslPeer) hold(evs ...gomatrixserverlib.PDU) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ev := range evs {
+		p.events[ev.EventID()] = ev
+	}
+}
+
+// stateFor answers /state_ids and /state: the state before an event and
+// its auth chain, ok false when the event is not known.
+func (p *gmslPeer) stateFor(roomID, eventID string) (state, authChain []gomatrixserverlib.PDU, ok bool) {
+	if p.stateAnswer != nil {
+		return p.stateAnswer(roomID, eventID)
+	}
+	ev := p.events[eventID]
+	if ev == nil || roomID != p.roomID {
+		return nil, nil, false
+	}
+	state = p.stateAt(ev.PrevEventIDs()).list()
+	return state, p.authChain(state), true
 }
 
 // answerNoMissingEvents makes get_missing_events answer nothing.
@@ -154,7 +207,9 @@ func newGmslPeer(t testing.TB, version gomatrixserverlib.RoomVersion) *gmslPeer 
 	}
 	// A room of its own: a peer started later may listen on a port an
 	// earlier one used, and so have its name.
-	p.roomID = fmt.Sprintf("!room%d:%s", peerRooms.Add(1), o.Name)
+	if !p.is12() {
+		p.roomID = fmt.Sprintf("!room%d:%s", peerRooms.Add(1), o.Name)
+	} // version 12: the hash of the create event, set by add
 	p.creator = p.user("creator")
 	p.keyRing = &gomatrixserverlib.KeyRing{
 		KeyDatabase: &memoryKeys{keys: map[gomatrixserverlib.PublicKeyLookupRequest]gomatrixserverlib.PublicKeyLookupResult{}},
@@ -169,13 +224,66 @@ func newGmslPeer(t testing.TB, version gomatrixserverlib.RoomVersion) *gmslPeer 
 	p.add(peerEvent{Sender: p.creator, Type: spec.MRoomCreate, StateKey: &empty,
 		Content: map[string]any{"creator": p.creator, "room_version": version}})
 	p.add(peerEvent{Sender: p.creator, Type: spec.MRoomMember, StateKey: &p.creator, Content: map[string]any{"membership": spec.Join}})
+	users := map[string]any{p.creator: 100}
+	if p.is12() {
+		users = map[string]any{} // creators are privileged, and not listed
+	}
 	p.add(peerEvent{Sender: p.creator, Type: spec.MRoomPowerLevels, StateKey: &empty, Content: map[string]any{
-		"users": map[string]any{p.creator: 100}, "users_default": 0, "events_default": 0, "state_default": 50,
+		"users": users, "users_default": 0, "events_default": 0, "state_default": 50,
 		"ban": 50, "kick": 50, "redact": 50, "invite": 0,
 	}})
 	p.add(peerEvent{Sender: p.creator, Type: spec.MRoomJoinRules, StateKey: &empty, Content: map[string]any{"join_rule": spec.Public}})
 	p.add(peerEvent{Sender: p.creator, Type: spec.MRoomHistoryVisibility, StateKey: &empty, Content: map[string]any{"history_visibility": "shared"}})
 	return p
+}
+
+// is12 tells whether the peer's room is of version 12.
+func (p *gmslPeer) is12() bool { return roomversion.Is12(p.version) }
+
+// allowedByPeer checks an event with the auth rules of its version
+// (version 12: authrules; the provider must hold the create event).
+func allowedByPeer(ev gomatrixserverlib.PDU, provider gomatrixserverlib.AuthEventProvider) error {
+	return authrules.Allowed(ev, provider, peerUserIDForSender)
+}
+
+// authEvents12 is the auth_events of a version 12 event: gomatrixserverlib's
+// selection without the create event, from state.
+func authEvents12(proto *gomatrixserverlib.ProtoEvent, state peerState) ([]string, error) {
+	needed, err := authrules.AuthEventsNeededForProto(proto)
+	if err != nil {
+		return nil, err
+	}
+	ids := []string{}
+	for _, t := range needed.Tuples() {
+		if ev := state[t]; ev != nil {
+			ids = append(ids, ev.EventID())
+		}
+	}
+	return ids, nil
+}
+
+// build builds an event of the peer's room on authState, with auth as
+// its auth events when set, signed with key.
+func (p *gmslPeer) build(proto *gomatrixserverlib.ProtoEvent, authState peerState, auth []string, key ed25519.PrivateKey) (gomatrixserverlib.PDU, error) {
+	if !p.is12() {
+		eb := p.impl.NewEventBuilderFromProtoEvent(proto)
+		if err := eb.AddAuthEvents(authState.provider()); err != nil {
+			return nil, fmt.Errorf("auth events of %s: %w", proto.Type, err)
+		}
+		if auth != nil {
+			eb.AuthEvents = auth
+		}
+		proto.AuthEvents = eb.AuthEvents
+		return eb.Build(time.Now(), spec.ServerName(p.Name), p.KeyID, key)
+	}
+	if auth == nil {
+		var err error
+		if auth, err = authEvents12(proto, authState); err != nil {
+			return nil, fmt.Errorf("auth events of %s: %w", proto.Type, err)
+		}
+	}
+	proto.AuthEvents = auth
+	return roomversion.Build(p.version, proto, time.Now(), spec.ServerName(p.Name), p.KeyID, key)
 }
 
 // user is the ID of a user of the peer.
@@ -224,29 +332,25 @@ func (p *gmslPeer) add(e peerEvent) gomatrixserverlib.PDU {
 	}
 	proto := gomatrixserverlib.ProtoEvent{SenderID: e.Sender, RoomID: p.roomID, Type: e.Type, StateKey: e.StateKey,
 		Content: content, PrevEvents: prev, Depth: p.depthAfter(prev), Redacts: e.Redacts}
-	eb := p.impl.NewEventBuilderFromProtoEvent(&proto)
 	authState := before
 	if e.AuthAt != "" {
 		authState = p.stateAfter[e.AuthAt]
-	}
-	if err := eb.AddAuthEvents(authState.provider()); err != nil {
-		p.t.Fatalf("auth events of %s: %v", e.Type, err)
-	}
-	if e.Auth != nil {
-		eb.AuthEvents = e.Auth
 	}
 	key := p.Key
 	if e.Key != nil {
 		key = e.Key
 	}
-	ev, err := eb.Build(time.Now(), spec.ServerName(p.Name), p.KeyID, key)
+	ev, err := p.build(&proto, authState, e.Auth, key)
 	if err != nil {
 		p.t.Fatalf("building %s: %v", e.Type, err)
 	}
 	if !e.Unchecked {
-		if err := gomatrixserverlib.Allowed(ev, before.provider(), peerUserIDForSender); err != nil {
+		if err := allowedByPeer(ev, before.provider()); err != nil {
 			p.t.Fatalf("the peer's %s is not allowed: %v", e.Type, err)
 		}
+	}
+	if p.roomID == "" && e.Type == spec.MRoomCreate {
+		p.roomID = roomversion.RoomIDOfCreate(ev.EventID()) // version 12
 	}
 	p.keep(ev, before, !e.Detached)
 	return ev
@@ -354,6 +458,21 @@ func (p *gmslPeer) stateAt(prev []string) peerState {
 	}
 	if !conflicted {
 		return union
+	}
+	if p.is12() {
+		states := make([][]gomatrixserverlib.PDU, 0, len(prev))
+		for _, id := range prev {
+			states = append(states, p.stateAfter[id].list())
+		}
+		resolved, err := stateres.ResolveV21(states, append(p.authChain(all), all...), allowedByPeer, nil)
+		if err != nil {
+			p.t.Fatalf("state resolution: %v", err)
+		}
+		out := peerState{}
+		for _, ev := range resolved {
+			out[gomatrixserverlib.StateKeyTuple{EventType: ev.Type(), StateKey: *ev.StateKey()}] = ev
+		}
+		return out
 	}
 	resolved, err := gomatrixserverlib.ResolveConflicts(p.version, all, p.authChain(all), peerUserIDForSender,
 		func(string) bool { return false })
@@ -514,13 +633,12 @@ func (p *gmslPeer) serve() {
 		p.count("state_ids")
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		ev := p.events[r.URL.Query().Get("event_id")]
-		if ev == nil || r.PathValue("roomId") != p.roomID {
+		state, authChain, ok := p.stateFor(r.PathValue("roomId"), r.URL.Query().Get("event_id"))
+		if !ok {
 			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown event"})
 			return
 		}
-		state := p.stateAt(ev.PrevEventIDs()).list()
-		writeJSON(w, map[string]any{"pdu_ids": eventIDs(state), "auth_chain_ids": eventIDs(p.authChain(state))})
+		writeJSON(w, map[string]any{"pdu_ids": eventIDs(state), "auth_chain_ids": eventIDs(authChain)})
 	})
 	mux.HandleFunc("GET /_matrix/federation/v1/state/{roomId}", func(w http.ResponseWriter, r *http.Request) {
 		if p.verify(w, r) == nil {
@@ -529,13 +647,12 @@ func (p *gmslPeer) serve() {
 		p.count("state")
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		ev := p.events[r.URL.Query().Get("event_id")]
-		if ev == nil || r.PathValue("roomId") != p.roomID {
+		state, authChain, ok := p.stateFor(r.PathValue("roomId"), r.URL.Query().Get("event_id"))
+		if !ok {
 			writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown event"})
 			return
 		}
-		state := p.stateAt(ev.PrevEventIDs()).list()
-		writeJSON(w, map[string]any{"pdus": rawEvents(state...), "auth_chain": rawEvents(p.authChain(state)...)})
+		writeJSON(w, map[string]any{"pdus": rawEvents(state...), "auth_chain": rawEvents(authChain...)})
 	})
 	mux.HandleFunc("POST /_matrix/federation/v1/get_missing_events/{roomId}", p.missingEvents)
 	mux.HandleFunc("GET /_matrix/federation/v1/backfill/{roomId}", p.backfill)
@@ -636,7 +753,7 @@ func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown room or user"})
 		return
 	}
-	rid, _ := spec.NewRoomID(p.roomID)
+	rid, _ := roomversion.ParseRoomID(p.roomID)
 	var remote []gomatrixserverlib.RoomVersion
 	for _, v := range r.URL.Query()["ver"] {
 		remote = append(remote, gomatrixserverlib.RoomVersion(v))
@@ -644,8 +761,12 @@ func (p *gmslPeer) makeJoin(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.offered = append(p.offered, r.URL.Query()["ver"])
+	if p.is12() {
+		p.makeMembership12(w, fr, *user, spec.Join, remote)
+		return
+	}
 	res, err := gomatrixserverlib.HandleMakeJoin(gomatrixserverlib.HandleMakeJoinInput{
-		Context: r.Context(), UserID: *user, SenderID: spec.SenderID(user.String()), RoomID: *rid,
+		Context: r.Context(), UserID: *user, SenderID: spec.SenderID(user.String()), RoomID: rid,
 		RoomVersion: p.version, RemoteVersions: remote, RequestOrigin: fr.Origin(),
 		LocalServerName: spec.ServerName(p.Name), LocalServerInRoom: true,
 		RoomQuerier: peerQuerier{p}, UserIDQuerier: peerUserIDForSender,
@@ -681,13 +802,41 @@ func (p *gmslPeer) buildTemplate(proto *gomatrixserverlib.ProtoEvent) (gomatrixs
 	state := p.stateAt(p.latest)
 	proto.PrevEvents = slices.Clone(p.latest)
 	proto.Depth = p.depthAfter(p.latest)
-	eb := p.impl.NewEventBuilderFromProtoEvent(proto)
-	if err := eb.AddAuthEvents(state.provider()); err != nil {
-		return nil, nil, err
-	}
-	proto.AuthEvents = eb.AuthEvents
-	ev, err := eb.Build(time.Now(), spec.ServerName(p.Name), p.KeyID, p.Key)
+	ev, err := p.build(proto, state, nil, p.Key)
 	return ev, state.list(), err
+}
+
+// makeMembership12 answers make_join or make_leave in a version 12 room
+// with the peer's own steps: gomatrixserverlib.HandleMakeJoin and
+// HandleMakeLeave check the template with the auth rules of version 11.
+// The same checks: a version the remote supports, the user's server
+// asking, a template the rules of version 12 allow on the current state.
+func (p *gmslPeer) makeMembership12(w http.ResponseWriter, fr *fclient.FederationRequest, user spec.UserID, membership string, remote []gomatrixserverlib.RoomVersion) {
+	if !slices.Contains(remote, p.version) {
+		writeStatus(w, http.StatusBadRequest, spec.IncompatibleRoomVersion(string(p.version)))
+		return
+	}
+	if user.Domain() != fr.Origin() {
+		writeStatus(w, http.StatusForbidden, spec.Forbidden("the user is not of the requesting server"))
+		return
+	}
+	sk := user.String()
+	content, _ := json.Marshal(map[string]any{"membership": membership})
+	proto := gomatrixserverlib.ProtoEvent{SenderID: sk, RoomID: p.roomID, Type: spec.MRoomMember, StateKey: &sk, Content: content}
+	ev, state, err := p.buildTemplate(&proto)
+	if err != nil {
+		writeSpecError(w, err)
+		return
+	}
+	provider := gomatrixserverlib.NewAuthEvents(state)
+	if err := allowedByPeer(ev, &provider); err != nil {
+		writeStatus(w, http.StatusForbidden, spec.Forbidden(err.Error()))
+		return
+	}
+	if membership == spec.Join {
+		p.templates = append(p.templates, proto)
+	}
+	writeJSON(w, map[string]any{"room_version": p.version, "event": proto})
 }
 
 // makeLeave answers a leave template (gomatrixserverlib.HandleMakeLeave).
@@ -702,11 +851,15 @@ func (p *gmslPeer) makeLeave(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown room or user"})
 		return
 	}
-	rid, _ := spec.NewRoomID(p.roomID)
+	rid, _ := roomversion.ParseRoomID(p.roomID)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.is12() {
+		p.makeMembership12(w, fr, *user, spec.Leave, []gomatrixserverlib.RoomVersion{p.version})
+		return
+	}
 	res, err := gomatrixserverlib.HandleMakeLeave(gomatrixserverlib.HandleMakeLeaveInput{
-		UserID: *user, SenderID: spec.SenderID(user.String()), RoomID: *rid, RoomVersion: p.version,
+		UserID: *user, SenderID: spec.SenderID(user.String()), RoomID: rid, RoomVersion: p.version,
 		RequestOrigin: fr.Origin(), LocalServerName: spec.ServerName(p.Name), LocalServerInRoom: true,
 		UserIDQuerier: peerUserIDForSender, BuildEventTemplate: p.buildTemplate,
 	})
@@ -744,7 +897,7 @@ func (p *gmslPeer) sendLeave(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	before := p.stateAt(ev.PrevEventIDs())
-	if err := gomatrixserverlib.Allowed(ev, before.provider(), peerUserIDForSender); err != nil {
+	if err := allowedByPeer(ev, before.provider()); err != nil {
 		writeStatus(w, http.StatusForbidden, map[string]string{"errcode": "M_FORBIDDEN", "error": err.Error()})
 		return
 	}
@@ -768,7 +921,7 @@ func (p *gmslPeer) sendJoin(w http.ResponseWriter, r *http.Request) {
 	if fr == nil {
 		return
 	}
-	rid, err := spec.NewRoomID(r.PathValue("roomId"))
+	rid, err := roomversion.ParseRoomID(r.PathValue("roomId"))
 	if err != nil || rid.String() != p.roomID {
 		writeStatus(w, http.StatusNotFound, map[string]string{"errcode": "M_NOT_FOUND", "error": "unknown room"})
 		return
@@ -776,7 +929,7 @@ func (p *gmslPeer) sendJoin(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	res, err := gomatrixserverlib.HandleSendJoin(gomatrixserverlib.HandleSendJoinInput{
-		Context: r.Context(), RoomID: *rid, EventID: r.PathValue("eventId"), JoinEvent: spec.RawJSON(fr.Content()),
+		Context: r.Context(), RoomID: rid, EventID: r.PathValue("eventId"), JoinEvent: spec.RawJSON(fr.Content()),
 		RoomVersion: p.version, RequestOrigin: fr.Origin(), LocalServerName: spec.ServerName(p.Name),
 		KeyID: p.KeyID, PrivateKey: p.Key, Verifier: p.keyRing, MembershipQuerier: peerQuerier{p},
 		UserIDQuerier:             peerUserIDForSender,
@@ -788,17 +941,21 @@ func (p *gmslPeer) sendJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	join := res.JoinEvent
 	before := p.stateAt(join.PrevEventIDs())
-	if err := gomatrixserverlib.Allowed(join, before.provider(), peerUserIDForSender); err != nil {
+	if err := allowedByPeer(join, before.provider()); err != nil {
 		writeStatus(w, http.StatusForbidden, map[string]string{"errcode": "M_FORBIDDEN", "error": err.Error()})
 		return
 	}
 	p.joins = append(p.joins, join)
 	p.keep(join, before, true)
 	state := before.list()
-	writeJSON(w, map[string]any{
+	answer := map[string]any{
 		"origin": p.Name, "state": rawEvents(state...), "auth_chain": rawEvents(p.authChain(append(state, join))...),
 		"event": json.RawMessage(join.JSON()), "members_omitted": false, "servers_in_room": []string{p.Name},
-	})
+	}
+	if p.editSendJoin != nil {
+		p.editSendJoin(answer)
+	}
+	writeJSON(w, answer)
 }
 
 // missingEvents walks back from latest_events to earliest_events, at
@@ -951,7 +1108,7 @@ func (p *gmslPeer) receive(w http.ResponseWriter, r *http.Request) {
 		}
 		if known && p.events[ev.EventID()] == nil {
 			before := p.stateAt(ev.PrevEventIDs())
-			if gomatrixserverlib.Allowed(ev, before.provider(), peerUserIDForSender) == nil {
+			if allowedByPeer(ev, before.provider()) == nil {
 				p.keep(ev, before, true)
 			}
 		}
