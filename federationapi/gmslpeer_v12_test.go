@@ -462,7 +462,7 @@ func gapOfMemberEvents(t *testing.T, p *gmslPeer, roomID, user string, count int
 }
 
 // MSC4297, state resolution v2.1 starts from the empty set: a user of
-// the peer sends the last of 250 events the daemon misses; after
+// the peer sends the last of 30 events the daemon misses; after
 // /get_missing_events the daemon asks /state_ids, answered with a join
 // rule (public) older than the room's (invite, set before its creator
 // left). Resolving that state with the daemon's replays the join rules on
@@ -497,7 +497,7 @@ func TestGmslPeerV12StateResStartsFromEmpty(t *testing.T) {
 			t.Fatalf("alice's member event %s", aliceLeave.JSON())
 		}
 
-		evs, index := gapOfMemberEvents(t, p, roomID, charlie, 250, aliceLeave, joined.join, pl.EventID(), jrInvite)
+		evs, index := gapOfMemberEvents(t, p, roomID, charlie, 30, aliceLeave, joined.join, pl.EventID(), jrInvite)
 		p.answerState(func(rid, eventID string) ([]gomatrixserverlib.PDU, []gomatrixserverlib.PDU, bool) {
 			i, ok := index[eventID]
 			if rid != roomID || !ok || i == 0 {
@@ -524,7 +524,7 @@ func TestGmslPeerV12StateResStartsFromEmpty(t *testing.T) {
 // MSC4297, state resolution v2.1 includes the conflicted subgraph: the
 // power levels go from the creator's (alice at 100) to alice's (bob at
 // 50) to bob's (charlie at 50); a user of the peer joins on the last and
-// sends the last of 250 events the daemon misses, and /state_ids answers
+// sends the last of 30 events the daemon misses, and /state_ids answers
 // with the first power levels. The events between the conflicted power
 // levels are replayed too, so the last power levels stay; v2 would go
 // back to the first.
@@ -564,7 +564,7 @@ func TestGmslPeerV12StateResConflictedSubgraph(t *testing.T) {
 			t.Fatalf("timeline %v lacks eve's join", timelineIDs(tl))
 		}
 
-		evs, index := gapOfMemberEvents(t, p, roomID, eve, 250, eveJoin, eveJoin, pl3ID, jr.EventID())
+		evs, index := gapOfMemberEvents(t, p, roomID, eve, 30, eveJoin, eveJoin, pl3ID, jr.EventID())
 		p.answerState(func(rid, eventID string) ([]gomatrixserverlib.PDU, []gomatrixserverlib.PDU, bool) {
 			i, ok := index[eventID]
 			if rid != roomID || !ok || i == 0 {
