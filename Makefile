@@ -28,8 +28,12 @@ build:
 run: build
 	./bin/keyserver $(ARGS)
 
+# The longest packages are named first so that they start first: the two
+# cores then share the others while those run (./... adds the rest once).
+LONGTESTS ?= ./federationapi/ ./clientapi/
+
 test: vet
-	scripts/with-postgres.sh $(GO) test $(TESTARGS) ./...
+	scripts/with-postgres.sh $(GO) test $(TESTARGS) $(LONGTESTS) ./...
 
 soak:
 	KEYSERVER_CONVERGENCE_SEED=$(SEED) KEYSERVER_CONVERGENCE_DURATION=$(DURATION) \

@@ -124,6 +124,11 @@ func TestRemoteInviteAndJoin(t *testing.T) {
 		if !equalStrings(changed, p.alice.UserID, p.bob.UserID) {
 			t.Fatalf("bob's changed %v, want [alice bob]", changed)
 		}
+		// bob's sync made him online: the presence his server sends to A
+		// arrives before alice's next sync, which then waits for the
+		// device alone.
+		queuesDrained(t, p.a, p.b)
+		_, aliceSince, _ = syncChanged(t, p.a, p.alice, aliceSince)
 
 		// bob adds a device: alice's waiting /sync wakes with bob in
 		// changed, and A serves the new device.
