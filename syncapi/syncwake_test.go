@@ -128,8 +128,8 @@ func TestChangeWakesOnlyConcernedSyncsOnOtherDaemon(t *testing.T) {
 		}
 		return id
 	}
-	// Names of their own: other tests may use this database at the same
-	// time, and its notifications reach every listener.
+	// Names of their own, though the notifications of other tests (other
+	// schemas of the database) are not heard here.
 	alice, bob, carol := user("wake.alice"), user("wake.bob"), user("wake.carol")
 	for _, m := range [][2]string{{"!shared:local.test", alice}, {"!shared:local.test", bob}, {"!elsewhere:local.test", carol}} {
 		if err := a.keys.SetMembership(ctx, m[0], m[1], storage.MembershipJoin); err != nil {

@@ -163,9 +163,8 @@ func TestWatchStreamCarriesTheUsers(t *testing.T) {
 			}
 		}
 	}
-	// The channel is the database's, not the schema's: other tests using
-	// the same database are heard too. Theirs name users of other servers
-	// (or anyone, which ours are checked not to be but in the last step).
+	// The channels are the schema's (TestWatchStreamHearsItsSchemaOnly);
+	// only advances naming our users are looked at all the same.
 	ours := func(users []string) bool {
 		for _, u := range users {
 			if !strings.HasSuffix(u, ":x") {
@@ -270,6 +269,67 @@ func TestWatchStreamWakesEveryoneOnceListening(t *testing.T) {
 
 // watchStream runs s.WatchStream until the test ends and returns what it
 // hears.
+// Daemons of another schema of the same PostgreSQL database (another
+// deployment, another test) are not heard: their advances wake nobody
+// here, and their revocations wait for nobody here.
+func TestWatchStreamHearsItsSchemaOnly(t *testing.T) {
+	ctx := context.Background()
+	here, there := testutil.Postgres(t), testutil.Postgres(t)
+	writer, elsewhere := open(t, here), open(t, there)
+	watcher := open(t, here)
+	heard := watchStream(t, watcher)
+	change := func(s *sqlstore.Store, user string) {
+		t.Helper()
+		if _, err := s.SetMembership(ctx, "!"+user[1:], user, storage.MembershipJoin, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Listening once an advance of this schema is heard.
+	for i := 0; ; i++ {
+		probe := fmt.Sprintf("@probe%d:x", i)
+		change(writer, probe)
+		got := waitHeard(t, heard, probe)
+		if got {
+			break
+		}
+		if i == 100 {
+			t.Fatal("the watcher never heard an advance")
+		}
+	}
+	// Another schema's advance, then this one's: the first heard is this
+	// one's (advances come in commit order on one channel).
+	change(elsewhere, "@there:x")
+	change(writer, "@here:x")
+	select {
+	case got := <-heard:
+		if !slices.Equal(got, []string{"@here:x"}) {
+			t.Fatalf("heard %q first, want this schema's [@here:x]", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("this schema's advance was not heard")
+	}
+	if sqlstore.ListenerServer(writer) != sqlstore.ListenerServer(watcher) ||
+		sqlstore.ListenerServer(writer) == sqlstore.ListenerServer(elsewhere) {
+		t.Fatal("revocations wait for the daemons of another schema, or not for those of their own")
+	}
+}
+
+// waitHeard reads heard for a while: true once an advance naming user
+// comes, false when none does within 100 ms.
+func waitHeard(t *testing.T, heard <-chan []string, user string) bool {
+	t.Helper()
+	for {
+		select {
+		case got := <-heard:
+			if slices.Contains(got, user) {
+				return true
+			}
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	}
+}
+
 func watchStream(t *testing.T, s *sqlstore.Store) <-chan []string {
 	ctx, cancel := context.WithCancel(context.Background())
 	heard := make(chan []string, 1000)

@@ -12,3 +12,6 @@ func SetRevocationConfirmTimeout(d time.Duration) time.Duration {
 
 // ListenerName is the application_name of instance id's listener.
 func (s *Store) ListenerName(id string) string { return s.listenerName(id) }
+
+// ListenerServer names the daemons a store's revocations wait for.
+func ListenerServer(s *Store) string { return s.rev.server }

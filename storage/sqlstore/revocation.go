@@ -23,14 +23,14 @@ import (
 // answered only once no daemon accepts the old tokens any more.
 //
 // The revoking daemon therefore waits for the others to confirm. Its
-// notification (on tokensChannel, sent at commit) carries a revocation ID
+// notification (on the tokens channel, sent at commit) carries a revocation ID
 // that names the server; each daemon of that server that hears it drops
-// the user's tokens and answers on acksChannel with the ID and its own
+// the user's tokens and answers on the acks channel ("<revocation ID> <instance ID>") with the ID and its own
 // instance ID. The daemons to wait for are those whose notification
 // connections are open: each listener connects with application_name
 // "keyserver-listener <server> <instance ID>" (<server> a hash of the
-// server name, so that other servers using the same database are not
-// waited for), which pg_stat_activity lists; a connection ends with its
+// server name and schema, so that other servers and schemas using the same
+// database are not waited for), which pg_stat_activity lists; a connection ends with its
 // process (kill -9 included), so a dead daemon is never waited for. A
 // daemon that does not confirm within revocationConfirmTimeout (its
 // listener stalled, or it connected just after the commit and never heard
@@ -48,8 +48,6 @@ import (
 // stays a map lookup.
 
 const (
-	// acksChannel carries confirmations: "<revocation ID> <instance ID>".
-	acksChannel = "keyserver_token_acks"
 	// listenerAppName prefixes the application_name of the listeners'
 	// connections; the instance ID follows.
 	listenerAppName = "keyserver-listener "
@@ -82,8 +80,7 @@ type revocationWait struct {
 func newRevocations(serverName string) *revocations {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	h := sha256.Sum256([]byte(serverName))
-	r := &revocations{server: hex.EncodeToString(h[:4]), id: hex.EncodeToString(b[:]), waits: map[string]*revocationWait{}}
+	r := &revocations{server: revocationServer(serverName, ""), id: hex.EncodeToString(b[:]), waits: map[string]*revocationWait{}}
 	var l logrus.FieldLogger = logrus.StandardLogger()
 	r.log.Store(&l)
 	return r
@@ -114,7 +111,7 @@ func (r *revocations) end(id string) {
 	delete(r.waits, id)
 }
 
-// acked records a confirmation heard on acksChannel.
+// acked records a confirmation heard on the acks channel.
 func (r *revocations) acked(payload string) {
 	revID, instance, ok := strings.Cut(payload, " ")
 	if !ok {
@@ -149,6 +146,19 @@ func (r *revocations) missing(w *revocationWait, want []string) []string {
 // SetLogger sets where the store logs what it cannot report as an error
 // (a daemon that did not confirm a revocation).
 func (s *Store) SetLogger(l logrus.FieldLogger) { s.rev.log.Store(&l) }
+
+// revocationServer names the daemons that wait for each other's
+// confirmations: those of one server name in one schema. The daemons of
+// another schema (which have channels of their own, see notifyChannels)
+// never hear this schema's revocations, and are not waited for.
+func revocationServer(serverName, schema string) string {
+	key := serverName
+	if schema != "" && schema != "public" {
+		key += "\x00" + schema
+	}
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:4])
+}
 
 // listenerURI is uri with the application_name that names this daemon's
 // listener in pg_stat_activity.
@@ -186,7 +196,7 @@ func (s *Store) heardRevocation(payload string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), revocationConfirmTimeout)
 		defer cancel()
-		if _, err := s.db.ExecContext(ctx, `SELECT pg_notify('`+acksChannel+`', $1)`, revID+" "+s.rev.id); err != nil {
+		if _, err := s.db.ExecContext(ctx, `SELECT pg_notify($1, $2)`, s.channels.acks, revID+" "+s.rev.id); err != nil {
 			(*s.rev.log.Load()).WithError(err).Warn("could not confirm a token revocation")
 		}
 	}()

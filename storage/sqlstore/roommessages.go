@@ -113,7 +113,7 @@ func (s *Store) writeMessages(batch []*pendingWrite) {
 	rows, err := s.q.QueryContext(ctx, writeMessagesQuery, pq.Array(roomIDs), pq.Array(heads), pq.Array(newHeads),
 		pq.Array(depths), pq.Array(evIDs), pq.Array(types), pq.Array(senders), pq.Array(versions), pq.Array(jsons), pq.Array(snapshots),
 		pq.Array(prevs), pq.Array(txnUsers), pq.Array(txnDevices), pq.Array(txnPaths), now, pq.Array(targetIdx), pq.Array(targets),
-		streamChannel, payload)
+		s.channels.stream, payload)
 	if err != nil {
 		fail(err)
 		return

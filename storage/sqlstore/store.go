@@ -7,7 +7,9 @@ package sqlstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -74,6 +76,8 @@ type Store struct {
 	// rev: revocations of cached tokens awaiting the other daemons'
 	// confirmation (PostgreSQL; see revocation.go).
 	rev *revocations
+	// channels are the PostgreSQL notification channels of the schema.
+	channels notifyChannels
 	// roomMembers keeps rooms' members by state snapshot.
 	roomMembers memberCache
 	d           dialect
@@ -149,6 +153,15 @@ func Open(ctx context.Context, uri, serverName string) (*Store, error) {
 	if err := db.PingContext(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("connect to %s database: %w", d.name, err)
+	}
+	if d.name == "postgres" {
+		var schema string
+		if err := db.QueryRowContext(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("read the database's schema: %w", err)
+		}
+		s.channels = channelsOf(schema)
+		s.rev.server = revocationServer(serverName, schema)
 	}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
@@ -322,7 +335,7 @@ func (s *Store) notifyStream(ctx context.Context, tx *txn) error {
 		return nil
 	}
 	payload := notifyPayload(tx.change().Users)
-	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+streamChannel+`', $1)`, payload)
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, s.channels.stream, payload)
 	return err
 }
 
@@ -418,14 +431,29 @@ func notifiedUsers(payload string) []string {
 	return strings.Split(rest, "\n")
 }
 
-// The PostgreSQL notification channels: stream advances, users whose
-// access tokens were revoked (the user ID and a revocation ID, see
-// revocation.go), and local users whose devices changed (the user ID).
-const (
-	streamChannel  = "keyserver_stream"
-	tokensChannel  = "keyserver_tokens"
-	devicesChannel = "keyserver_devices"
-)
+// notifyChannels are the PostgreSQL notification channels: stream
+// advances, users whose access tokens were revoked (the user ID and a
+// revocation ID, see revocation.go), the other daemons' confirmations of
+// those, and local users whose devices changed (the user ID).
+//
+// Channels are of the whole database, tables of a schema: the daemons of
+// one schema share the channels, those of another schema of the same
+// database (another deployment, or another test) have their own, so that
+// they wake nobody here. The default schema keeps the plain names, which
+// daemons of earlier releases sharing a database listen on.
+type notifyChannels struct {
+	stream, tokens, acks, devices string
+}
+
+func channelsOf(schema string) notifyChannels {
+	suffix := ""
+	if schema != "" && schema != "public" {
+		sum := sha256.Sum256([]byte(schema))
+		suffix = "_" + hex.EncodeToString(sum[:6])
+	}
+	return notifyChannels{stream: "keyserver_stream" + suffix, tokens: "keyserver_tokens" + suffix,
+		acks: "keyserver_token_acks" + suffix, devices: "keyserver_devices" + suffix}
+}
 
 // cacheTTL bounds how long a cached token or device list is trusted
 // without a notification (see userCache).
@@ -466,7 +494,8 @@ func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) 
 	l := postgres.NewListener(s.listenerURI(), func(up bool) { set(func() { connected = up }) })
 	defer set(func() { listening = false })
 	defer l.Close()
-	for _, ch := range []string{streamChannel, tokensChannel, devicesChannel, acksChannel} {
+	ch := s.channels
+	for _, ch := range []string{ch.stream, ch.tokens, ch.devices, ch.acks} {
 		if err := l.Listen(ch); err != nil {
 			return err
 		}
@@ -486,11 +515,11 @@ func (s *Store) WatchStream(ctx context.Context, advanced func(users []string)) 
 				// The connection was re-established: something may have
 				// been missed, so wake the waiters anyway.
 				advanced(nil)
-			case n.Channel == tokensChannel:
+			case n.Channel == ch.tokens:
 				s.heardRevocation(n.Extra)
-			case n.Channel == acksChannel:
+			case n.Channel == ch.acks:
 				s.rev.acked(n.Extra)
-			case n.Channel == devicesChannel:
+			case n.Channel == ch.devices:
 				// Sent before the stream advance of the same change, so
 				// the cache is dropped before any /sync wakes to read it.
 				s.devices.revoke(n.Extra)
@@ -511,7 +540,7 @@ func (s *Store) revokeTokens(ctx context.Context, tx *txn, userID string) error 
 	}
 	revID, w := s.rev.start()
 	tx.onCommit(func() { s.confirmRevocation(revID, w) })
-	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+tokensChannel+`', $1)`, tokensPayload(userID, revID))
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, s.channels.tokens, tokensPayload(userID, revID))
 	return err
 }
 
@@ -525,7 +554,7 @@ func (s *Store) revokeUserKeys(ctx context.Context, tx *txn, userID string) erro
 	if s.d.name != "postgres" {
 		return nil
 	}
-	_, err := tx.ExecContext(ctx, `SELECT pg_notify('`+devicesChannel+`', $1)`, userID)
+	_, err := tx.ExecContext(ctx, `SELECT pg_notify($1, $2)`, s.channels.devices, userID)
 	return err
 }
 
