@@ -21,6 +21,7 @@ import (
 type Event struct {
 	raw      []byte // canonical JSON as held, unsigned included
 	id       string
+	roomID   spec.RoomID // read once: RoomID is asked often
 	redacted bool
 	f        fields
 }
@@ -63,6 +64,13 @@ func trustedEvent(eventJSON []byte, eventID string, redacted bool) (*Event, erro
 			return nil, err
 		}
 		e.id = id
+	}
+	if e.isCreate() {
+		e.roomID = domainlessRoomID(RoomIDOfCreate(e.id))
+	} else if r, err := ParseRoomID(e.f.RoomID); err == nil {
+		e.roomID = r
+	} else {
+		e.roomID = domainlessRoomID(e.f.RoomID) // checked to start with "!"
 	}
 	return e, nil
 }
@@ -199,16 +207,7 @@ func (e *Event) StateKeyEquals(s string) bool {
 
 // RoomID is the room_id field, or for the create event the room ID its
 // hash gives.
-func (e *Event) RoomID() spec.RoomID {
-	if e.isCreate() {
-		return domainlessRoomID(RoomIDOfCreate(e.id))
-	}
-	r, err := ParseRoomID(e.f.RoomID)
-	if err != nil {
-		return domainlessRoomID(e.f.RoomID) // checked to start with "!"
-	}
-	return r
-}
+func (e *Event) RoomID() spec.RoomID { return e.roomID }
 
 // Redacts is the event a redaction redacts: in its content from version 11.
 func (e *Event) Redacts() string {
