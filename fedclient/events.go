@@ -59,9 +59,19 @@ func (c *Client) State(ctx context.Context, dest, roomID, eventID string) (state
 	return out.PDUs, out.AuthChain, err
 }
 
+// userAsked marks the membership handshakes (joins, leaves, knocks),
+// which a user asks for through a server they name: sent even while that
+// server backs off after failures (their failures still count), as
+// Synapse does for joins. A server that failed some background request a
+// moment ago is often up, and the user is waiting for this answer.
+func userAsked(ctx context.Context, dest string) context.Context {
+	return WithLive(ctx, dest)
+}
+
 // MakeJoin asks a resident server for a join event template, offering
 // the room versions versions (GET /make_join).
 func (c *Client) MakeJoin(ctx context.Context, dest, roomID, userID string, versions []string) (gomatrixserverlib.MakeJoinResponse, error) {
+	ctx = userAsked(ctx, dest)
 	q := url.Values{}
 	for _, v := range versions {
 		q.Add("ver", v)
@@ -78,6 +88,7 @@ func (c *Client) MakeJoin(ctx context.Context, dest, roomID, userID string, vers
 // /v2/send_join), and through /v1/send_join to a server that does not
 // serve v2 (older servers; its answer is [200, answer]).
 func (c *Client) SendJoin(ctx context.Context, _, dest spec.ServerName, event gomatrixserverlib.PDU) (gomatrixserverlib.SendJoinResponse, error) {
+	ctx = userAsked(ctx, string(dest))
 	var out fclient.RespSendJoin
 	path := "/send_join/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
 	err := c.Do(ctx, "PUT", string(dest), "/_matrix/federation/v2"+path, json.RawMessage(event.JSON()), &out)
@@ -100,6 +111,7 @@ func (c *Client) SendInvite(ctx context.Context, dest string, event gomatrixserv
 // MakeLeave asks a resident server for a leave event template (GET
 // /make_leave).
 func (c *Client) MakeLeave(ctx context.Context, dest, roomID, userID string) (gomatrixserverlib.ProtoEvent, gomatrixserverlib.RoomVersion, error) {
+	ctx = userAsked(ctx, dest)
 	var out struct {
 		Event       gomatrixserverlib.ProtoEvent  `json:"event"`
 		RoomVersion gomatrixserverlib.RoomVersion `json:"room_version"`
@@ -114,6 +126,7 @@ func (c *Client) MakeLeave(ctx context.Context, dest, roomID, userID string) (go
 // SendLeave sends a signed leave to a resident server (PUT
 // /v2/send_leave, or /v1/send_leave where v2 is not served).
 func (c *Client) SendLeave(ctx context.Context, dest string, event gomatrixserverlib.PDU) error {
+	ctx = userAsked(ctx, dest)
 	path := "/send_leave/" + url.PathEscape(event.RoomID().String()) + "/" + url.PathEscape(event.EventID())
 	err := c.Do(ctx, "PUT", dest, "/_matrix/federation/v2"+path, json.RawMessage(event.JSON()), nil)
 	if unknownEndpoint(err) {

@@ -11,6 +11,7 @@ import (
 // MakeKnock asks a resident server for a knock event template, offering
 // the room versions versions (GET /make_knock).
 func (c *Client) MakeKnock(ctx context.Context, dest, roomID, userID string, versions []string) (gomatrixserverlib.ProtoEvent, gomatrixserverlib.RoomVersion, error) {
+	ctx = userAsked(ctx, dest)
 	q := url.Values{}
 	for _, v := range versions {
 		q.Add("ver", v)
@@ -27,6 +28,7 @@ func (c *Client) MakeKnock(ctx context.Context, dest, roomID, userID string, ver
 // and returns the room's stripped state it answers with
 // (knock_room_state).
 func (c *Client) SendKnock(ctx context.Context, dest string, event gomatrixserverlib.PDU) ([]json.RawMessage, error) {
+	ctx = userAsked(ctx, dest)
 	var out struct {
 		KnockRoomState []json.RawMessage `json:"knock_room_state"`
 	}
