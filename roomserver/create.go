@@ -133,7 +133,8 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 	users := map[string]int64{creator: 100}
 	tombstoneLevel := 100
 	if roomversion.Is12(version) {
-		if err := checkAdditionalCreators(req.CreationContent["additional_creators"]); err != nil {
+		given, err := checkAdditionalCreators(req.CreationContent["additional_creators"])
+		if err != nil {
 			return "", err
 		}
 		// Upgrading (a tombstone) is for the creators alone by default,
@@ -143,11 +144,7 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 		// the power levels (MSC4289): trusted invitees become creators.
 		users = map[string]int64{}
 		if preset == "trusted_private_chat" && len(req.Invite) > 0 {
-			extra, err := additionalCreators(req.CreationContent["additional_creators"], req.Invite, creator)
-			if err != nil {
-				return "", err
-			}
-			create["additional_creators"] = extra
+			create["additional_creators"] = additionalCreators(given, req.Invite, creator)
 		}
 	}
 	pl := map[string]any{
@@ -276,40 +273,35 @@ func (s *Service) createRoom(ctx context.Context, creator string, req CreateRoom
 	return roomID, inviteErr
 }
 
-// checkAdditionalCreators checks creation_content.additional_creators: a
+// checkAdditionalCreators reads creation_content.additional_creators: a
 // list of valid user IDs (400 M_BAD_JSON otherwise).
-func checkAdditionalCreators(raw json.RawMessage) error {
+func checkAdditionalCreators(raw json.RawMessage) ([]string, error) {
 	if raw == nil {
-		return nil
+		return nil, nil
 	}
 	var ids []string
 	if err := json.Unmarshal(raw, &ids); err != nil {
-		return mxerr.BadJSON("creation_content.additional_creators must be a list of user IDs")
+		return nil, mxerr.BadJSON("creation_content.additional_creators must be a list of user IDs")
 	}
 	for _, u := range ids {
 		if _, err := spec.NewUserID(u, true); err != nil {
-			return mxerr.BadJSON("%q in creation_content.additional_creators is not a valid user ID", u)
+			return nil, mxerr.BadJSON("%q in creation_content.additional_creators is not a valid user ID", u)
 		}
 	}
-	return nil
+	return ids, nil
 }
 
 // additionalCreators is a version 12 create event's additional_creators:
 // those of creation_content, then the invitees of a trusted private chat,
 // once each and without the creator.
-func additionalCreators(given json.RawMessage, invitees []string, creator string) ([]string, error) {
-	var out []string
-	if len(given) > 0 {
-		if err := json.Unmarshal(given, &out); err != nil {
-			return nil, mxerr.BadJSON("creation_content.additional_creators must be a list of user IDs")
-		}
-	}
+func additionalCreators(given, invitees []string, creator string) []string {
+	out := slices.Clone(given)
 	for _, u := range invitees {
 		if u != creator && !slices.Contains(out, u) {
 			out = append(out, u)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // topicContent is an m.room.topic's content: the plain topic, and the
